@@ -1,0 +1,155 @@
+"""Command line: arguments and sub-commands. Textual is imported only on the TUI path."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+
+from . import __version__
+
+SUBCOMMANDS = ("snapshot", "demo")
+
+
+class UsageError(Exception):
+    """Bad input: printed as one line, exit status 2."""
+
+
+def _pid(text: str) -> int:
+    try:
+        pid = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a PID: {text!r} (give a number, e.g. 41822)") from None
+    if pid <= 0:
+        raise argparse.ArgumentTypeError(f"not a PID: {text!r} (PIDs are positive)")
+    return pid
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds: {text!r}")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, no usage dump
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="loadertop",
+        description="Live monitor for the input pipeline (DataLoader) of PyTorch training jobs.",
+    )
+    p.add_argument("--version", action="version", version=f"loadertop {__version__}")
+    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+
+    snap = sub.add_parser("snapshot", help="sample jobs for a while and write a report")
+    snap.add_argument("pids", nargs="+", type=_pid, metavar="PID")
+    snap.add_argument("--duration", type=_positive, default=10.0, help="seconds to sample (10)")
+    snap.add_argument("--interval", type=_positive, default=1.0, help="seconds per tick (1)")
+    snap.add_argument("--json", action="store_true", help="print the JSON report on stdout")
+    snap.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE (.json)")
+    snap.add_argument("--no-stacks", action="store_true", help="do not run py-spy (no data wait)")
+    return p
+
+
+def _check_pids(pids: Sequence[int]) -> None:
+    from .probes import procfs
+
+    for pid in pids:
+        if procfs.read_stat(pid) is None:
+            raise UsageError(f"no process with PID {pid} (is the job running? `loadertop` lists them)")
+
+
+def _check_output(path: str) -> None:
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in (".json",):
+        raise UsageError(f"cannot write {path!r}: the report format is picked by extension: .json")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"cannot write {path!r}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise UsageError(f"cannot write {path!r}: permission denied (choose another -o path)")
+
+
+def run_ticks(sampler, duration_s: float, on_snapshot) -> None:
+    """Tick every interval until duration_s passed or every job exited; never overlapping."""
+    start = time.monotonic()
+    n = 0
+    while True:
+        snap = sampler.tick()
+        on_snapshot(snap)
+        n += 1
+        if all(j.exited for j in sampler.jobs):
+            return
+        next_at = start + n * sampler.interval_s
+        if next_at - start > duration_s + 1e-6:
+            return
+        time.sleep(max(0.0, next_at - time.monotonic()))
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    from .report import build_report, to_json, write_file
+    from .sampler import History, Sampler
+
+    _check_pids(args.pids)
+    if args.output:
+        _check_output(args.output)
+    stacks = None
+    sampler = Sampler(args.pids, interval_s=args.interval, stacks=stacks)
+    history = History()
+    interrupted = False
+    try:
+        run_ticks(sampler, args.duration, history.append)
+    except KeyboardInterrupt:
+        interrupted = True  # report what was sampled
+    finally:
+        sampler.close()
+    if not len(history):
+        raise UsageError("interrupted before the first sample; nothing to report")
+    text = to_json(build_report(list(history)))
+    if args.output:
+        try:
+            write_file(args.output, text)
+        except OSError as e:
+            fd, fallback = tempfile.mkstemp(prefix="loadertop-", suffix=".json")
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            print(
+                f"loadertop: cannot write {args.output!r}: {e.strerror}; report saved to {fallback}",
+                file=sys.stderr,
+            )
+            return 1
+        print(f"loadertop: report written to {args.output}", file=sys.stderr)
+    if args.json or not args.output:
+        sys.stdout.write(text)
+    return 130 if interrupted else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # The restore of SIGPIPE's default lets `loadertop snapshot --json | head` end quietly.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    try:
+        args = _parser().parse_args(argv)
+        if args.command == "snapshot":
+            return cmd_snapshot(args)
+        raise UsageError("the live view needs a sub-command for now: loadertop snapshot PID")
+    except UsageError as e:
+        print(f"loadertop: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

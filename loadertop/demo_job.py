@@ -1,0 +1,195 @@
+"""The built-in training job: a small CPU torch model fed by a DataLoader whose cost,
+worker count and habits are set by flags. `loadertop demo` runs it in scenarios; the tests
+and benchmarks run it with explicit flags.
+
+It measures its own ground truth (seconds blocked in next(loader), steps) and, with
+--truth FILE, rewrites that file about every half second.
+
+This module imports torch; the monitor never imports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    x = 0
+    while time.perf_counter() < end:
+        for i in range(200):
+            x ^= i * 2654435761
+
+
+class Item:
+    """Per-item work shared by the map-style and iterable datasets (picklable for spawn)."""
+
+    def __init__(self, cfg: dict) -> None:
+        self.cfg = cfg
+        self.objects = [{"id": i, "name": f"item-{i}"} for i in range(cfg["objects"])]
+        self.threads_set = False
+
+    def make(self, i: int):
+        cfg = self.cfg
+        if cfg["item_ms"]:
+            _spin(cfg["item_ms"] / 1000.0)
+        if cfg["sleep_ms"]:
+            time.sleep(cfg["sleep_ms"] / 1000.0)
+        if self.objects:
+            # Reading Python objects writes their refcounts: copy-on-read in workers.
+            step = max(1, len(self.objects) // 20000)
+            for j in range((i * 7919) % step, len(self.objects), step):
+                _ = self.objects[j]["id"]
+        if cfg["worker_threads"] > 1:
+            if not self.threads_set:
+                torch.set_num_threads(cfg["worker_threads"])
+                self.threads_set = True
+            a = torch.randn(384, 384)
+            for _ in range(cfg["matmuls"]):
+                a = torch.tanh(a @ a)
+        return torch.full((cfg["tensor_kb"] * 256,), float(i % 97)), i % 10
+
+
+class MapData(Dataset):
+    def __init__(self, cfg: dict) -> None:
+        self.item = Item(cfg)
+        self.length = cfg["epoch_items"]
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int):
+        return self.item.make(i)
+
+
+class StreamData(IterableDataset):
+    def __init__(self, cfg: dict) -> None:
+        self.item = Item(cfg)
+        self.length = cfg["epoch_items"]
+
+    def __iter__(self):
+        info = get_worker_info()
+        wid, n = (info.id, info.num_workers) if info else (0, 1)
+        for i in range(wid, self.length, n):
+            yield self.item.make(i)
+
+
+def build(args):
+    cfg = vars(args)
+
+    def loader(dataset, workers):
+        kwargs = dict(batch_size=args.batch_size, num_workers=workers)
+        if workers > 0:
+            kwargs.update(
+                multiprocessing_context=args.context,
+                persistent_workers=args.persistent,
+                prefetch_factor=args.prefetch,
+            )
+        return DataLoader(dataset, pin_memory=args.pin_memory, **kwargs)
+
+    dataset = StreamData(cfg) if args.iterable else MapData(cfg)
+    train = loader(dataset, args.workers)
+    val = loader(MapData(cfg), args.val_workers) if args.val_workers else None
+    return train, val
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadertop.demo_job")
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--context", default="fork", choices=["fork", "spawn", "forkserver"])
+    p.add_argument("--iterable", action="store_true")
+    p.add_argument("--persistent", action="store_true")
+    p.add_argument("--prefetch", type=int, default=2)
+    p.add_argument("--pin-memory", action="store_true")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--epoch-items", type=int, default=10**6)
+    p.add_argument("--item-ms", type=float, default=0.0, help="CPU work per item")
+    p.add_argument("--sleep-ms", type=float, default=0.0, help="I/O-like sleep per item")
+    p.add_argument("--step-ms", type=float, default=5.0, help="training step compute")
+    p.add_argument("--tensor-kb", type=int, default=4, help="size of each sample")
+    p.add_argument("--objects", type=int, default=0, help="Python objects the dataset holds")
+    p.add_argument("--worker-threads", type=int, default=1, help="torch threads per worker")
+    p.add_argument("--matmuls", type=int, default=4)
+    p.add_argument("--val-workers", type=int, default=0, help="a validation loader each epoch")
+    p.add_argument("--late-start", type=float, default=0.0, help="seconds before the loader")
+    p.add_argument("--duration", type=float, default=60.0, help="stop after this many seconds")
+    p.add_argument("--truth", help="write measured data wait to this JSON file")
+    p.add_argument("--ready", help="touch this file when the first batch arrives")
+    p.add_argument("--dist", action="store_true", help="join a gloo process group (torchrun)")
+    args = p.parse_args(argv)
+
+    torch.manual_seed(0)
+    if args.dist and "RANK" in os.environ:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        if args.ready:
+            args.ready = f"{args.ready}.{os.environ['RANK']}"
+    if args.late_start:
+        time.sleep(args.late_start)
+    train, val = build(args)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(32, 256)
+    y = torch.randint(0, 10, (32,))
+
+    started = time.perf_counter()
+    waited = 0.0
+    steps = 0
+    last_write = 0.0
+    truth = {"pid": os.getpid(), "wait_s": 0.0, "elapsed_s": 0.0, "steps": 0, "log": []}
+
+    def write_truth(now: float) -> None:
+        truth.update(wait_s=waited, elapsed_s=now - started, steps=steps)
+        truth["log"].append([time.time(), waited, now - started, steps])
+        tmp = args.truth + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(truth, f)
+        os.replace(tmp, args.truth)
+
+    epoch = 0
+    while time.perf_counter() - started < args.duration:
+        it = iter(train)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            waited += time.perf_counter() - t0
+            if steps == 0 and args.ready:
+                open(args.ready, "w").close()
+            # The step: real forward/backward/optimizer work for about step_ms.
+            end = time.perf_counter() + args.step_ms / 1000.0
+            while True:
+                loss = torch.nn.functional.cross_entropy(model(x + batch[0][:1, :1].mean()), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                if time.perf_counter() >= end:
+                    break
+            steps += 1
+            now = time.perf_counter()
+            if args.truth and now - last_write >= 0.5:
+                write_truth(now)
+                last_write = now
+            if now - started >= args.duration:
+                break
+        epoch += 1
+        if val is not None:
+            for _ in val:
+                pass
+    if args.truth:
+        write_truth(time.perf_counter())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""Immutable snapshots: what one tick saw of the host, each trainer, its workers and GPUs.
+
+Probes build these; everything downstream (rules, TUI, reports, recorder, exporter) only
+reads them. A value that could not be measured is None, and a Notice says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Notice:
+    """Something that could not be measured, why, and how to fix it."""
+
+    id: str
+    message: str
+    fix: str | None = None
+    trainer_pid: int | None = None
+
+
+@dataclass(frozen=True)
+class HostSnapshot:
+    hostname: str
+    cpu_count: int
+    usable_cpus: int | None
+    mem_total_bytes: int | None
+    mem_available_bytes: int | None
+    load_avg: tuple[float, float, float]
+    cpu_percent: float | None
+
+
+@dataclass(frozen=True)
+class ProcessSample:
+    """One process (a trainer's main process or a worker) at one tick."""
+
+    pid: int
+    started_at: float  # epoch seconds; with pid, the identity of the process
+    status: str  # running, sleeping, disk-sleep, stopped, zombie, exited
+    cpu_percent: float | None  # of one core; None on the first sight of a process
+    rss_bytes: int | None
+    uss_bytes: int | None  # from smaps, on a slower staggered cadence
+    pss_bytes: int | None
+    memory_sampled_at: float | None  # when uss/pss were read
+    threads: int | None
+    busy_threads: int | None  # threads above BUSY_THREAD_CPU over the slow window
+    runqueue_wait_s_per_s: float | None  # seconds its threads sat runnable, per second
+    ctx_switches_voluntary_per_s: float | None
+    ctx_switches_involuntary_per_s: float | None
+    worker_id: int | None = None
+    doing: str | None = None  # what the stack sampler saw it doing, e.g. "D.__getitem__ (d.py:9)"
+
+
+@dataclass(frozen=True)
+class ShmSnapshot:
+    path: str
+    total_bytes: int | None
+    used_bytes: int | None
+    torch_bytes: int | None  # /dev/shm/torch_* segments the trainer and its workers map
+
+
+@dataclass(frozen=True)
+class GpuSnapshot:
+    index: int
+    uuid: str | None
+    name: str | None
+    utilization_percent: float | None
+    memory_utilization_percent: float | None
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    power_watts: float | None
+    power_limit_watts: float | None
+    sm_clock_mhz: int | None
+    pcie_tx_bytes_per_s: float | None
+    pcie_rx_bytes_per_s: float | None
+    process_pids: tuple[int, ...] = ()  # host pids that hold a context on this GPU
+
+
+@dataclass(frozen=True)
+class DataWait:
+    """Where the trainer's main thread spent a window of stack samples."""
+
+    fraction: float | None  # of wall time inside DataLoader.__next__
+    worker_wait_fraction: float | None  # blocked waiting for a worker's batch
+    main_process_fraction: float | None  # loading work the main process does itself
+    breakdown: tuple[tuple[str, float], ...]  # (forward, 0.4), (backward, 0.3), ...
+    samples: int
+    window_s: float
+    stalled_for_s: float  # continuously inside data wait up to the end of the window
+    source: str = "py-spy"
+
+
+@dataclass(frozen=True)
+class TrainerSnapshot:
+    pid: int
+    started_at: float
+    job_pid: int
+    rank: int | None
+    local_rank: int | None
+    world_size: int | None
+    cmdline: tuple[str, ...]  # secrets redacted
+    env: tuple[tuple[str, str], ...]  # whitelisted thread/device variables only
+    status: str  # running | exited
+    usable_cpus: int | None
+    main: ProcessSample
+    pin_memory_thread: bool | None  # None: the trainer's threads could not be listed
+    pin_memory_cpu_percent: float | None
+    workers: tuple[ProcessSample, ...]
+    worker_respawns: int
+    shm: ShmSnapshot | None
+    data_wait: DataWait | None = None
+    gpus: tuple[int, ...] = ()  # indexes into Snapshot.gpus
+
+    @property
+    def env_dict(self) -> dict[str, str]:
+        return dict(self.env)
+
+
+@dataclass(frozen=True)
+class Event:
+    """A change between two ticks: a worker started or exited, a trainer appeared or exited."""
+
+    time: float
+    kind: str  # worker_started | worker_exited | trainer_found | trainer_exited
+    trainer_pid: int
+    pid: int
+    detail: str = ""
+    exit_code: int | None = None  # as the kernel reported it while the process was a zombie
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    time: float  # epoch seconds
+    monotonic: float
+    interval_s: float
+    host: HostSnapshot
+    trainers: tuple[TrainerSnapshot, ...]
+    gpus: tuple[GpuSnapshot, ...] = ()
+    events: tuple[Event, ...] = ()
+    notices: tuple[Notice, ...] = ()
+    jobs: tuple[int, ...] = field(default=())  # the PIDs the user named
+
+    def trainer(self, pid: int) -> TrainerSnapshot | None:
+        for t in self.trainers:
+            if t.pid == pid:
+                return t
+        return None
+
+
+@dataclass(frozen=True)
+class Finding:
+    id: str
+    severity: str  # info | warning | critical
+    trainer_pid: int | None
+    title: str
+    evidence: tuple[tuple[str, object], ...]
+    suggestion: str
+    change: tuple[tuple[str, object], ...] | None = None

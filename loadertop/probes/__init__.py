@@ -1,0 +1,1 @@
+"""Probes read the system (processes, shared memory, GPUs, stacks); they never import the UI."""

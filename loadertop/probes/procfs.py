@@ -1,0 +1,283 @@
+"""Raw readers of /proc: one small function per file, no policy.
+
+Every reader returns None when the process is gone and raises PermissionError when the
+kernel refuses; callers decide what that means. Reads are plain file reads (no psutil)
+because the per-tick cost must stay near the floor of reading stat + status.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+PROC = "/proc"
+
+
+def _boot_time() -> float:
+    with open(f"{PROC}/stat") as f:
+        for line in f:
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    return 0.0
+
+
+BOOT_TIME = _boot_time()
+
+
+@dataclass(frozen=True)
+class Stat:
+    """The fields of /proc/<pid>/stat (or a thread's) that loadertop uses."""
+
+    pid: int
+    comm: str
+    state: str
+    ppid: int
+    cpu_ticks: int  # utime + stime
+    num_threads: int
+    start_ticks: int  # since boot: with pid, identifies a process across PID reuse
+    rss_bytes: int
+    exit_code: int | None  # only meaningful for a zombie
+
+    @property
+    def started_at(self) -> float:
+        return BOOT_TIME + self.start_ticks / CLK_TCK
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    except OSError as e:
+        # ESRCH shows up as a plain OSError on some kernels while a process is exiting.
+        if e.errno == 3:
+            return None
+        raise
+
+
+def _read_bytes(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    except OSError as e:
+        if e.errno == 3:
+            return None
+        raise
+
+
+def parse_stat(text: str) -> Stat:
+    # comm may contain spaces and parentheses: it ends at the last ')'.
+    lpar = text.index("(")
+    rpar = text.rindex(")")
+    pid = int(text[:lpar])
+    comm = text[lpar + 1 : rpar]
+    f = text[rpar + 2 :].split()
+    # f[0] is field 3 (state); field n is f[n - 3].
+    exit_code = int(f[49]) if len(f) > 49 else None
+    return Stat(
+        pid=pid,
+        comm=comm,
+        state=f[0],
+        ppid=int(f[1]),
+        cpu_ticks=int(f[11]) + int(f[12]),
+        num_threads=int(f[17]),
+        start_ticks=int(f[19]),
+        rss_bytes=int(f[21]) * PAGE_SIZE,
+        exit_code=exit_code,
+    )
+
+
+def read_stat(pid: int, tid: int | None = None) -> Stat | None:
+    path = f"{PROC}/{pid}/stat" if tid is None else f"{PROC}/{pid}/task/{tid}/stat"
+    text = _read(path)
+    if not text:
+        return None
+    try:
+        return parse_stat(text)
+    except (ValueError, IndexError):
+        return None  # a half-written read of a vanishing process
+
+
+@dataclass(frozen=True)
+class Status:
+    uid: int
+    ctx_voluntary: int
+    ctx_involuntary: int
+    nspid: tuple[int, ...]
+
+
+def read_status(pid: int) -> Status | None:
+    text = _read(f"{PROC}/{pid}/status")
+    if not text:
+        return None
+    uid = vol = invol = -1
+    nspid: tuple[int, ...] = (pid,)
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key == "Uid":
+            uid = int(value.split()[0])
+        elif key == "NSpid":
+            nspid = tuple(int(v) for v in value.split())
+        elif key == "voluntary_ctxt_switches":
+            vol = int(value)
+        elif key == "nonvoluntary_ctxt_switches":
+            invol = int(value)
+    if vol < 0 or invol < 0:
+        return None
+    return Status(uid=uid, ctx_voluntary=vol, ctx_involuntary=invol, nspid=nspid)
+
+
+def task_ids(pid: int) -> list[int]:
+    try:
+        return [int(t) for t in os.listdir(f"{PROC}/{pid}/task")]
+    except (FileNotFoundError, ProcessLookupError):
+        return []
+
+
+HAVE_CHILDREN_FILE = os.path.exists(f"{PROC}/self/task/{os.getpid()}/children")
+
+
+def children(pid: int, tids: list[int] | None = None) -> list[int]:
+    """Direct children of pid, from every thread's children file (~10 µs)."""
+    out: list[int] = []
+    for tid in tids if tids is not None else task_ids(pid):
+        text = _read(f"{PROC}/{pid}/task/{tid}/children")
+        if text:
+            out.extend(int(c) for c in text.split())
+    return out
+
+
+def all_parents() -> dict[int, int]:
+    """pid -> ppid for the whole table: the fallback when the children file is missing."""
+    out: dict[int, int] = {}
+    for name in os.listdir(PROC):
+        if name.isdigit():
+            st = read_stat(int(name))
+            if st is not None:
+                out[st.pid] = st.ppid
+    return out
+
+
+def cmdline(pid: int) -> list[str] | None:
+    raw = _read_bytes(f"{PROC}/{pid}/cmdline")
+    if raw is None:
+        return None
+    return [a.decode(errors="replace") for a in raw.rstrip(b"\0").split(b"\0")] if raw else []
+
+
+def environ_subset(pid: int, keys: frozenset[str]) -> dict[str, str] | None:
+    """Only the whitelisted variables: other values are never decoded or kept."""
+    raw = _read_bytes(f"{PROC}/{pid}/environ")
+    if raw is None:
+        return None
+    out: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        name, sep, value = item.partition(b"=")
+        if sep and name.decode(errors="replace") in keys:
+            out[name.decode()] = value.decode(errors="replace")
+    return out
+
+
+@dataclass(frozen=True)
+class Memory:
+    rss_bytes: int
+    pss_bytes: int
+    uss_bytes: int
+
+
+def read_smaps_rollup(pid: int) -> Memory | None:
+    text = _read(f"{PROC}/{pid}/smaps_rollup")
+    if not text:
+        return None
+    fields: dict[str, int] = {}
+    for line in text.splitlines()[1:]:
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            fields[key] = int(parts[0]) * 1024
+    uss = fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0)
+    uss += fields.get("Private_Hugetlb", 0)
+    return Memory(rss_bytes=fields.get("Rss", 0), pss_bytes=fields.get("Pss", 0), uss_bytes=uss)
+
+
+def torch_shm_segments(pid: int) -> dict[tuple[str, int], int] | None:
+    """(device, inode) -> mapped bytes of the /dev/shm/torch_* segments pid maps."""
+    text = _read(f"{PROC}/{pid}/maps")
+    if text is None:
+        return None
+    out: dict[tuple[str, int], int] = {}
+    for line in text.splitlines():
+        if "/torch_" not in line:
+            continue
+        parts = line.split(None, 5)
+        if len(parts) < 6 or "/dev/shm/torch_" not in parts[5]:
+            continue
+        start, _, end = parts[0].partition("-")
+        key = (parts[3], int(parts[4]))
+        out[key] = max(out.get(key, 0), int(end, 16) - int(start, 16))
+    return out
+
+
+@dataclass(frozen=True)
+class ThreadSample:
+    tid: int
+    comm: str
+    cpu_ticks: int
+    runqueue_wait_ns: int | None
+
+
+def read_threads(pid: int) -> list[ThreadSample] | None:
+    tids = task_ids(pid)
+    if not tids:
+        return None
+    out = []
+    for tid in tids:
+        st = read_stat(pid, tid)
+        if st is None:
+            continue
+        sched = _read(f"{PROC}/{pid}/task/{tid}/schedstat")
+        wait = int(sched.split()[1]) if sched and len(sched.split()) > 1 else None
+        out.append(ThreadSample(tid=tid, comm=st.comm, cpu_ticks=st.cpu_ticks, runqueue_wait_ns=wait))
+    return out
+
+
+def read_loadavg() -> tuple[float, float, float]:
+    text = _read(f"{PROC}/loadavg") or "0 0 0"
+    a, b, c = (float(x) for x in text.split()[:3])
+    return (a, b, c)
+
+
+def read_meminfo() -> dict[str, int]:
+    out = {}
+    for line in (_read(f"{PROC}/meminfo") or "").splitlines():
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts:
+            out[key] = int(parts[0]) * 1024
+    return out
+
+
+def read_cpu_times() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole host from the first line of /proc/stat."""
+    with open(f"{PROC}/stat") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)
+    total = sum(values[:8])
+    return total - idle, total
+
+
+def mountinfo_line(pid: int | str, mount_point: str) -> str | None:
+    text = _read(f"{PROC}/{pid}/mountinfo")
+    if not text:
+        return None
+    found = None
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) > 4 and parts[4] == mount_point:
+            found = line  # the last mount on a point is the visible one
+    return found

@@ -1,0 +1,202 @@
+"""The `loadertop.report/1` report: built from a window of snapshots plus findings.
+
+Rates (CPU %, context switches/s, GPU utilization) are averages over the window; sizes
+are the latest reading; shm carries its peak. Only this module knows the report's keys.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from collections.abc import Iterable, Sequence
+from statistics import fmean
+
+from .model import Finding, GpuSnapshot, Notice, ProcessSample, Snapshot, TrainerSnapshot
+
+SCHEMA = "loadertop.report/1"
+
+
+def iso(epoch: float | None) -> str | None:
+    if epoch is None:
+        return None
+    return dt.datetime.fromtimestamp(epoch, dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return round(fmean(present), 3) if present else None
+
+
+def _process(p: ProcessSample, window: Sequence[ProcessSample]) -> dict:
+    return {
+        "pid": p.pid,
+        "worker_id": p.worker_id,
+        "status": p.status,
+        "cpu_percent": _mean(w.cpu_percent for w in window),
+        "rss_bytes": p.rss_bytes,
+        "uss_bytes": p.uss_bytes,
+        "pss_bytes": p.pss_bytes,
+        "threads": p.threads,
+        "busy_threads": p.busy_threads,
+        "ctx_switches_voluntary_per_s": _mean(w.ctx_switches_voluntary_per_s for w in window),
+        "ctx_switches_involuntary_per_s": _mean(w.ctx_switches_involuntary_per_s for w in window),
+        "runqueue_wait_s_per_s": p.runqueue_wait_s_per_s,
+        "doing": p.doing,
+        "started_at": iso(p.started_at),
+    }
+
+
+def _gpu(g: GpuSnapshot, window: Sequence[GpuSnapshot]) -> dict:
+    return {
+        "index": g.index,
+        "uuid": g.uuid,
+        "name": g.name,
+        "utilization_percent": _mean(x.utilization_percent for x in window),
+        "memory_utilization_percent": _mean(x.memory_utilization_percent for x in window),
+        "memory_used_bytes": g.memory_used_bytes,
+        "memory_total_bytes": g.memory_total_bytes,
+        "power_watts": _mean(x.power_watts for x in window),
+        "power_limit_watts": g.power_limit_watts,
+        "sm_clock_mhz": g.sm_clock_mhz,
+        "pcie_tx_bytes_per_s": _mean(x.pcie_tx_bytes_per_s for x in window),
+        "pcie_rx_bytes_per_s": _mean(x.pcie_rx_bytes_per_s for x in window),
+    }
+
+
+def _trainer(last: TrainerSnapshot, snaps: Sequence[Snapshot]) -> dict:
+    seen = [
+        (s, t) for s in snaps for t in s.trainers if (t.pid, t.started_at) == (last.pid, last.started_at)
+    ]
+    running = [t for _, t in seen if t.status == "running"]
+
+    def history_of(pid: int) -> list[ProcessSample]:
+        out = []
+        for t in running:
+            for p in (t.main, *t.workers):
+                if p.pid == pid:
+                    out.append(p)
+        return out
+
+    shm = None
+    if last.shm is not None:
+        used = [t.shm.used_bytes for _, t in seen if t.shm and t.shm.used_bytes is not None]
+        shm = {
+            "path": last.shm.path,
+            "total_bytes": last.shm.total_bytes,
+            "used_bytes": last.shm.used_bytes,
+            "peak_used_bytes": max(used) if used else None,
+            "torch_bytes": last.shm.torch_bytes,
+        }
+    gpus = []
+    for index in last.gpus:
+        window = [g for s, _ in seen for g in s.gpus if g.index == index]
+        if window:
+            gpus.append(_gpu(window[-1], window))
+    dw = last.data_wait
+    return {
+        "pid": last.pid,
+        "job_pid": last.job_pid,
+        "rank": last.rank,
+        "local_rank": last.local_rank,
+        "world_size": last.world_size,
+        "cmdline": list(last.cmdline),
+        "status": last.status,
+        "started_at": iso(last.started_at),
+        "env": dict(last.env),
+        "usable_cpus": last.usable_cpus,
+        "data_wait_fraction": dw.fraction if dw else None,
+        "data_wait": None
+        if dw is None
+        else {
+            "fraction": dw.fraction,
+            "worker_wait_fraction": dw.worker_wait_fraction,
+            "main_process_fraction": dw.main_process_fraction,
+            "breakdown": dict(dw.breakdown),
+            "samples": dw.samples,
+            "window_s": dw.window_s,
+            "stalled_for_s": dw.stalled_for_s,
+            "source": dw.source,
+        },
+        "pin_memory_thread": last.pin_memory_thread,
+        "pin_memory_cpu_percent": _mean(t.pin_memory_cpu_percent for t in running),
+        "shm": shm,
+        "worker_respawns": last.worker_respawns,
+        "gpus": gpus,
+        "main": _process(last.main, history_of(last.main.pid)),
+        "workers": [_process(w, history_of(w.pid)) for w in last.workers],
+    }
+
+
+def finding_dict(f: Finding) -> dict:
+    return {
+        "id": f.id,
+        "severity": f.severity,
+        "trainer_pid": f.trainer_pid,
+        "title": f.title,
+        "evidence": dict(f.evidence),
+        "suggestion": f.suggestion,
+        "change": dict(f.change) if f.change is not None else None,
+    }
+
+
+def notice_dict(n: Notice) -> dict:
+    return {"id": n.id, "trainer_pid": n.trainer_pid, "message": n.message, "fix": n.fix}
+
+
+def build_report(
+    snapshots: Sequence[Snapshot],
+    findings: Iterable[Finding] = (),
+    extra_notices: Iterable[Notice] = (),
+) -> dict:
+    if not snapshots:
+        raise ValueError("a report needs at least one snapshot")
+    first, last = snapshots[0], snapshots[-1]
+    notices: dict[tuple[str, int | None], Notice] = {}
+    for n in (*last.notices, *extra_notices):
+        notices.setdefault((n.id, n.trainer_pid), n)
+    host = last.host
+    return {
+        "schema": SCHEMA,
+        "created_at": iso(last.time),
+        "duration_s": round(last.monotonic - first.monotonic, 3),
+        "samples": len(snapshots),
+        "interval_s": last.interval_s,
+        "jobs": list(last.jobs),
+        "host": {
+            "hostname": host.hostname,
+            "cpu_count": host.cpu_count,
+            "usable_cpus": host.usable_cpus,
+            "mem_total_bytes": host.mem_total_bytes,
+            "mem_available_bytes": host.mem_available_bytes,
+            "load_avg": list(host.load_avg),
+            "cpu_percent": _mean(s.host.cpu_percent for s in snapshots),
+        },
+        "trainers": [_trainer(t, snapshots) for t in last.trainers],
+        "findings": [finding_dict(f) for f in findings],
+        "notices": [notice_dict(n) for n in notices.values()],
+        "events": [
+            {
+                "time": iso(e.time),
+                "kind": e.kind,
+                "trainer_pid": e.trainer_pid,
+                "pid": e.pid,
+                "detail": e.detail,
+                "exit_code": e.exit_code,
+            }
+            for s in snapshots
+            for e in s.events
+        ],
+    }
+
+
+def to_json(report: dict) -> str:
+    return json.dumps(report, indent=2, sort_keys=False) + "\n"
+
+
+def write_file(path: str, text: str) -> None:
+    """Write a report without following a symlink planted over the target."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, flags, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)

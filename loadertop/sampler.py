@@ -1,0 +1,454 @@
+"""The sampler owns the probes and turns each tick into one immutable Snapshot.
+
+It keeps what must survive between ticks (previous counters, which processes are trainers,
+which workers were seen, the last data of a trainer that exited) so that every output
+can stay a pure consumer of snapshots. `History` keeps a bounded run of recent snapshots.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from .model import DataWait, Event, Notice, ProcessSample, Snapshot, TrainerSnapshot
+from .probes import procfs
+from .probes.gpu import GpuProbe
+from .probes.host import HostProbe, usable_cpus
+from .probes.procs import Discovery, Key, ProcessSampler, Tree, key_of
+from .probes.shm import read_shm
+from .redact import ENV_WHITELIST, redact_cmdline
+
+USABLE_CPUS_REFRESH_S = 30.0
+
+
+class StackSource(Protocol):
+    """What the sampler needs from stack sampling (py-spy): never blocks the tick."""
+
+    def watch(self, trainers: dict[int, tuple[int, ...]]) -> None: ...
+    def data_wait(self, trainer_pid: int) -> DataWait | None: ...
+    def worker_info(self, pid: int) -> tuple[int | None, str | None]: ...
+    def notices(self) -> tuple[Notice, ...]: ...
+
+
+class NoticeBoard:
+    """The notices of one tick, each said once."""
+
+    def __init__(self) -> None:
+        self.items: dict[tuple[str, int | None], Notice] = {}
+
+    def add(self, notice: Notice | None) -> None:
+        if notice is not None:
+            self.items.setdefault((notice.id, notice.trainer_pid), notice)
+
+
+def job_status_notice(pid: int) -> Notice:
+    return Notice("job_exited", f"job {pid} has exited; showing its last data", None, pid)
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return ""
+    signal = code & 0x7F
+    if signal:
+        import signal as signals
+
+        try:
+            name = signals.Signals(signal).name
+        except ValueError:
+            name = f"signal {signal}"
+        return f"killed by {name}"
+    return f"exit status {code >> 8}"
+
+
+@dataclass
+class _Trainer:
+    key: Key
+    job_pid: int
+    confirmed: bool  # it had workers or is a launcher's rank: stays a trainer from now on
+    cmdline: tuple[str, ...] = ()
+    env: dict[str, str] | None = None
+    usable_cpus: int | None = None
+    usable_at: float = float("-inf")
+    workers: dict[Key, ProcessSample] = field(default_factory=dict)
+    zombie_codes: dict[Key, int | None] = field(default_factory=dict)
+    any_worker_exited: bool = False
+    respawns: int = 0
+    pin_ticks: tuple[float, int] | None = None
+    last: TrainerSnapshot | None = None
+    last_workers: tuple[ProcessSample, ...] = ()  # the last non-empty set: kept after exit
+    exited: bool = False
+
+    @property
+    def pid(self) -> int:
+        return self.key[0]
+
+
+@dataclass
+class _Job:
+    pid: int
+    start_ticks: int
+    trainers: dict[Key, _Trainer] = field(default_factory=dict)
+    exited: bool = False
+
+
+class Sampler:
+    def __init__(
+        self,
+        pids: Iterable[int],
+        interval_s: float = 1.0,
+        gpu: GpuProbe | None = None,
+        stacks: StackSource | None = None,
+        processes: ProcessSampler | None = None,
+    ) -> None:
+        self.interval_s = interval_s
+        self.host = HostProbe()
+        self.discovery = Discovery()
+        self.processes = processes or ProcessSampler()
+        self.gpu = gpu if gpu is not None else GpuProbe()
+        self.stacks = stacks
+        self.jobs: list[_Job] = []
+        for pid in pids:
+            st = procfs.read_stat(pid)
+            if st is None:
+                raise ProcessLookupError(pid)
+            self.jobs.append(_Job(pid=pid, start_ticks=st.start_ticks))
+
+    # --- the tick -------------------------------------------------------------------
+
+    def tick(self) -> Snapshot:
+        now = time.time()
+        mono = time.monotonic()
+        board = NoticeBoard()
+        events: list[Event] = []
+        host = self.host.sample()
+        gpus, gpu_notices = self.gpu.sample()
+        for n in gpu_notices:
+            board.add(n)
+        live: set[Key] = set()
+        trainers: list[TrainerSnapshot] = []
+        slow_due: list[procfs.Stat] = []
+        for job in self.jobs:
+            trainers.extend(self._tick_job(job, now, board, events, live, slow_due))
+        self.processes.refresh_slow(slow_due, now)
+        self.processes.forget(live)
+        self.discovery.forget(live)
+        if self.stacks is not None:
+            self.stacks.watch(
+                {t.pid: tuple(w.pid for w in t.workers) for t in trainers if t.status == "running"}
+            )
+            for n in self.stacks.notices():
+                board.add(n)
+            trainers = [self._with_stacks(t) for t in trainers]
+        else:
+            board.add(
+                Notice(
+                    "data_wait_off",
+                    "data wait is not measured: stack sampling is off",
+                    "run without --no-stacks (needs py-spy and ptrace permission)",
+                )
+            )
+        trainers = [self._with_gpus(t, gpus) for t in trainers]
+        for pid in self.processes.denied_memory & {t.pid for t in trainers}:
+            board.add(
+                Notice(
+                    "memory_permission",
+                    f"USS/PSS of trainer {pid} and its workers cannot be read (smaps is "
+                    "closed to other users)",
+                    "run loadertop as the trainer's user, or as root",
+                    pid,
+                )
+            )
+        return Snapshot(
+            time=now,
+            monotonic=mono,
+            interval_s=self.interval_s,
+            host=host,
+            trainers=tuple(trainers),
+            gpus=gpus,
+            events=tuple(events),
+            notices=tuple(board.items.values()),
+            jobs=tuple(j.pid for j in self.jobs),
+        )
+
+    def _tick_job(self, job, now, board, events, live, slow_due) -> list[TrainerSnapshot]:
+        tree = (
+            Tree(root=None)
+            if job.exited
+            else self.discovery.walk(
+                job.pid, job.start_ticks, [t.pid for t in job.trainers.values() if not t.exited]
+            )
+        )
+        if tree.root is None:
+            job.exited = True
+            board.add(job_status_notice(job.pid))
+        current = self._trainer_pids(job, tree, board)
+        out = []
+        for pid in current:
+            st = tree.stats[pid]
+            key = key_of(st)
+            state = job.trainers.get(key)
+            if state is None:
+                state = _Trainer(key=key, job_pid=job.pid, confirmed=False)
+                self._describe(state, st)
+                job.trainers[key] = state
+                events.append(Event(now, "trainer_found", pid, pid, " ".join(state.cmdline)[:200]))
+            state.confirmed = state.confirmed or pid in tree.workers or self._is_rank(tree, pid)
+            out.append(self._sample_trainer(state, st, tree, now, board, events, live, slow_due))
+        # Trainers not seen this tick: exited (or, if provisional, simply replaced).
+        for key, state in list(job.trainers.items()):
+            if key[0] in current and key_of(tree.stats[key[0]]) == key:
+                continue
+            if not state.confirmed:
+                del job.trainers[key]
+                continue
+            if not state.exited:
+                state.exited = True
+                events.append(Event(now, "trainer_exited", state.pid, state.pid))
+                board.add(
+                    Notice(
+                        "trainer_exited",
+                        f"trainer {state.pid} has exited; showing its last data",
+                        None,
+                        state.pid,
+                    )
+                )
+                for wkey in state.workers:
+                    events.append(Event(now, "worker_exited", state.pid, wkey[0], "with its trainer"))
+            if state.last is not None:
+                out.append(self._exited_view(state.last, state.last_workers))
+        return out
+
+    def _trainer_pids(self, job: _Job, tree: Tree, board: NoticeBoard) -> list[int]:
+        if tree.root is None:
+            return []
+        d = self.discovery
+        found = {pid for pid in tree.workers if not d.is_helper(tree.stats[pid])}
+        for state in job.trainers.values():
+            st = tree.stats.get(state.pid)
+            if state.confirmed and st is not None and key_of(st) == state.key and st.state != "Z":
+                found.add(state.pid)
+        for pid, st in tree.stats.items():
+            if self._is_rank(tree, pid) and st.comm != "pt_data_worker" and not d.is_helper(st):
+                found.add(pid)
+        found = {p for p in found if tree.stats[p].state != "Z"}
+        if found:
+            return sorted(found)
+        # No loader yet: watch the process that will build it.
+        root = tree.root
+        if d.is_launcher(root):
+            board.add(
+                Notice(
+                    "no_trainer",
+                    f"launcher {root.pid} has not started its ranks yet",
+                    None,
+                    root.pid,
+                )
+            )
+            return []
+        if d.is_python(root) or root.state == "Z":
+            return [root.pid] if root.state != "Z" else []
+        for pid, st in sorted(tree.stats.items()):
+            if pid != root.pid and d.is_python(st) and not d.is_helper(st) and st.state != "Z":
+                return [pid]
+        board.add(
+            Notice(
+                "not_python",
+                f"process {root.pid} ({root.comm}) is not Python and starts no Python process",
+                "give loadertop the PID of the training script (python train.py) or its launcher",
+                root.pid,
+            )
+        )
+        return [root.pid]
+
+    def _is_rank(self, tree: Tree, pid: int) -> bool:
+        parent = tree.parent.get(pid)
+        return parent is not None and self.discovery.is_launcher(tree.stats[parent])
+
+    def _describe(self, state: _Trainer, st: procfs.Stat) -> None:
+        state.cmdline = redact_cmdline(self.discovery.cmdline(st) or [st.comm])
+        try:
+            state.env = procfs.environ_subset(st.pid, ENV_WHITELIST)
+        except PermissionError:
+            state.env = None
+
+    def _sample_trainer(self, state, st, tree, now, board, events, live, slow_due):
+        pid = st.pid
+        live.add(state.key)
+        slow_due.append(st)
+        if now - state.usable_at >= USABLE_CPUS_REFRESH_S:
+            state.usable_cpus = usable_cpus(pid)
+            state.usable_at = now
+        main = self.processes.sample(st, now)
+        # Workers: live ones in start order; zombies are dead, reported once as exited.
+        worker_stats = sorted(
+            (tree.stats[w] for w in tree.workers.get(pid, ())), key=lambda s: (s.start_ticks, s.pid)
+        )
+        workers: dict[Key, ProcessSample] = {}
+        for wst in worker_stats:
+            wkey = key_of(wst)
+            if wst.state == "Z":
+                state.zombie_codes.setdefault(wkey, wst.exit_code)
+                continue
+            live.add(wkey)
+            slow_due.append(wst)
+            workers[wkey] = self.processes.sample(wst, now)
+        for wkey in workers:
+            if wkey not in state.workers:
+                if state.any_worker_exited:
+                    state.respawns += 1
+                events.append(Event(now, "worker_started", pid, wkey[0]))
+        for wkey in state.workers:
+            if wkey not in workers:
+                state.any_worker_exited = True
+                code = state.zombie_codes.get(wkey)
+                events.append(Event(now, "worker_exited", pid, wkey[0], describe_exit(code), code))
+        state.zombie_codes = {k: v for k, v in state.zombie_codes.items() if k[0] in tree.stats}
+        state.workers = workers
+        pin, pin_cpu = self._pin_thread(state, tree.trainer_threads.get(pid), now)
+        shm, notice = read_shm(pid)
+        board.add(notice)
+        if shm is not None:
+            segments = self.processes.torch_segments([state.key, *workers])
+            shm = replace(shm, torch_bytes=sum(segments.values()) if segments is not None else None)
+        if not workers:
+            board.add(
+                Notice(
+                    "no_workers",
+                    f"trainer {pid} has no DataLoader workers (yet): it has not started a "
+                    "loader with num_workers > 0, or it loads in the main process",
+                    None,
+                    pid,
+                )
+            )
+        if state.env is None:
+            board.add(
+                Notice(
+                    "env_permission",
+                    f"the environment of trainer {pid} cannot be read: rank and thread "
+                    "variables unknown",
+                    "run loadertop as the trainer's user, or as root",
+                    pid,
+                )
+            )
+        env = state.env or {}
+        snap = TrainerSnapshot(
+            pid=pid,
+            started_at=st.started_at,
+            job_pid=state.job_pid,
+            rank=_int(env.get("RANK")),
+            local_rank=_int(env.get("LOCAL_RANK")),
+            world_size=_int(env.get("WORLD_SIZE")),
+            cmdline=state.cmdline,
+            env=tuple(sorted(env.items())),
+            status="running",
+            usable_cpus=state.usable_cpus,
+            main=main,
+            pin_memory_thread=pin,
+            pin_memory_cpu_percent=pin_cpu,
+            workers=tuple(workers.values()),
+            worker_respawns=state.respawns,
+            shm=shm,
+        )
+        state.last = snap
+        if snap.workers:
+            state.last_workers = snap.workers
+        return snap
+
+    def _pin_thread(self, state: _Trainer, threads, now):
+        if not threads:
+            return None, None
+        pin = [t for t in threads if t.comm == "pt_data_pin"]
+        if not pin:
+            state.pin_ticks = None
+            return False, None
+        ticks = sum(t.cpu_ticks for t in pin)
+        cpu = None
+        if state.pin_ticks is not None and now > state.pin_ticks[0]:
+            cpu = 100.0 * (ticks - state.pin_ticks[1]) / procfs.CLK_TCK / (now - state.pin_ticks[0])
+        state.pin_ticks = (now, ticks)
+        return True, cpu
+
+    @staticmethod
+    def _exited_view(last: TrainerSnapshot, workers: tuple[ProcessSample, ...]) -> TrainerSnapshot:
+        def gone(p: ProcessSample) -> ProcessSample:
+            return replace(p, status="exited", cpu_percent=None)
+
+        return replace(
+            last,
+            status="exited",
+            main=gone(last.main),
+            workers=tuple(gone(w) for w in (last.workers or workers)),
+            pin_memory_cpu_percent=None,
+        )
+
+    def _with_stacks(self, t: TrainerSnapshot) -> TrainerSnapshot:
+        if t.status != "running":
+            return t
+        assert self.stacks is not None
+        workers = []
+        for w in t.workers:
+            worker_id, doing = self.stacks.worker_info(w.pid)
+            workers.append(replace(w, worker_id=worker_id, doing=doing))
+        _, main_doing = self.stacks.worker_info(t.pid)
+        return replace(
+            t,
+            data_wait=self.stacks.data_wait(t.pid),
+            workers=tuple(workers),
+            main=replace(t.main, doing=main_doing),
+        )
+
+    @staticmethod
+    def _with_gpus(t: TrainerSnapshot, gpus) -> TrainerSnapshot:
+        if not gpus:
+            return t
+        pids = {t.pid}
+        try:
+            status = procfs.read_status(t.pid)
+        except PermissionError:
+            status = None
+        if status is not None:
+            pids.update(status.nspid)  # NVML may report the pid from inside a container
+        used = tuple(g.index for g in gpus if pids & set(g.process_pids))
+        return replace(t, gpus=used)
+
+    def close(self) -> None:
+        self.gpu.close()
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+class History:
+    """The recent snapshots, bounded so memory does not grow with uptime."""
+
+    def __init__(self, maxlen: int = 3600) -> None:
+        self._items: deque[Snapshot] = deque(maxlen=maxlen)
+
+    def append(self, snapshot: Snapshot) -> None:
+        self._items.append(snapshot)
+
+    def __iter__(self) -> Iterator[Snapshot]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getitem__(self, index: int) -> Snapshot:
+        return self._items[index]
+
+    @property
+    def latest(self) -> Snapshot | None:
+        return self._items[-1] if self._items else None
+
+    def since(self, seconds: float) -> list[Snapshot]:
+        if not self._items:
+            return []
+        cutoff = self._items[-1].monotonic - seconds
+        return [s for s in self._items if s.monotonic >= cutoff]

@@ -1,0 +1,140 @@
+"""Real training jobs for the tests: started in their own session, polled with deadlines,
+and killed (with every process they started) however the test ends."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PYTHON = sys.executable
+REPO = Path(__file__).resolve().parent.parent
+
+
+def wait_for(predicate, timeout: float = 30.0, interval: float = 0.1, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def comm(pid: int, tid: int | None = None) -> str | None:
+    path = f"/proc/{pid}/comm" if tid is None else f"/proc/{pid}/task/{tid}/comm"
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def descendants(pid: int) -> list[int]:
+    out, stack = [], [pid]
+    while stack:
+        p = stack.pop()
+        try:
+            tids = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tids:
+            try:
+                with open(f"/proc/{p}/task/{t}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except OSError:
+                continue
+            out.extend(kids)
+            stack.extend(kids)
+    return out
+
+
+def worker_pids(pid: int) -> set[int]:
+    """The DataLoader workers under pid, straight from /proc: the truth to compare with."""
+    return {p for p in descendants(pid) if comm(p) == "pt_data_worker"}
+
+
+def state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+class Job:
+    """A training job; use as a context manager so it is always cleaned up."""
+
+    def __init__(self, *args: str, cmd: list[str] | None = None, env: dict | None = None, tmp: Path):
+        self.tmp = tmp
+        self.ready = tmp / f"ready-{time.monotonic_ns()}"
+        self.truth_path = tmp / f"truth-{time.monotonic_ns()}.json"
+        module = ["-m", "loadertop.demo_job", "--ready", str(self.ready), "--truth", str(self.truth_path)]
+        # cmd: a launcher or wrapper in front (torchrun, unshare ... python): it gets "-m ...".
+        self.cmd = (cmd or [PYTHON]) + module + list(args)
+        full_env = dict(os.environ)
+        full_env.setdefault("PYTHONPATH", str(REPO))
+        full_env.update(env or {})
+        self.log = open(tmp / f"job-{time.monotonic_ns()}.log", "w")  # noqa: SIM115 (closed in kill)
+        self.proc = subprocess.Popen(
+            self.cmd, env=full_env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.pid = self.proc.pid
+
+    def __enter__(self) -> Job:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.kill()
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        # Processes that left the group (torchrun ranks call setsid): kill by tree too.
+        for p in descendants(self.pid):
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        self.log.close()
+
+    def wait_ready(self, timeout: float = 60.0, suffix: str = "") -> None:
+        path = Path(f"{self.ready}{suffix}")
+
+        def ready():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"job exited early ({self.proc.returncode}): {self.output()[-2000:]}")
+            return path.exists()
+
+        wait_for(ready, timeout, what=f"job {self.pid} to deliver its first batch")
+
+    def wait_workers(self, n: int, timeout: float = 60.0, pid: int | None = None) -> set[int]:
+        return wait_for(
+            lambda: w if len(w := worker_pids(pid or self.pid)) >= n else None,
+            timeout,
+            what=f"{n} workers",
+        )
+
+    def truth(self) -> dict:
+        return json.loads(self.truth_path.read_text())
+
+    def output(self) -> str:
+        self.log.flush()
+        return (Path(self.log.name)).read_text()
+
+
+def loadertop(*args: str, timeout: float = 120.0, **kw) -> subprocess.CompletedProcess:
+    cmd = [PYTHON, "-m", "loadertop", *args]
+    env = dict(os.environ)
+    env.setdefault("PYTHONPATH", str(REPO))
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, **kw)

@@ -1,0 +1,202 @@
+"""`loadertop snapshot` end to end on real training jobs: exact worker sets against /proc."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import jsonschema
+import pytest
+from jobs import PYTHON, comm, descendants, loadertop, wait_for, worker_pids
+
+from loadertop.sampler import Sampler
+
+SCHEMA = json.loads((Path(__file__).parent.parent / "loadertop/schema/report-1.json").read_text())
+
+
+def snapshot(*pids: int, duration: float = 2.0, extra: tuple[str, ...] = ()) -> dict:
+    r = loadertop("snapshot", *map(str, pids), "--duration", str(duration), "--interval", "0.5",
+                  "--json", "--no-stacks", *extra)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    jsonschema.validate(report, SCHEMA)
+    return report
+
+
+def only_trainer(report: dict) -> dict:
+    assert len(report["trainers"]) == 1, report["trainers"]
+    return report["trainers"][0]
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
+def test_workers_found_for_each_start_method(job, context):
+    j = job("--workers", "3", "--context", context, "--item-ms", "2", "--persistent")
+    j.wait_ready()
+    truth = j.wait_workers(3)
+    trainer = only_trainer(snapshot(j.pid))
+    assert trainer["pid"] == j.pid
+    assert {w["pid"] for w in trainer["workers"]} == truth
+    if context != "fork":
+        # spawn and forkserver start a resource tracker: a child, but never a worker
+        helpers = [p for p in descendants(j.pid) if comm(p) != "pt_data_worker"]
+        assert helpers, "expected multiprocessing helpers under the trainer"
+        assert not set(helpers) & {w["pid"] for w in trainer["workers"]}
+    for w in trainer["workers"]:
+        assert w["rss_bytes"] > 0 and w["threads"] >= 1
+        assert w["cpu_percent"] is not None and w["uss_bytes"] is not None
+
+
+def test_iterable_dataset_and_validation_loader_both_counted(job):
+    j = job("--workers", "2", "--iterable", "--epoch-items", "64", "--val-workers", "1",
+            "--persistent", "--item-ms", "1")
+    j.wait_ready()
+    # The train loader keeps 2 workers; the validation loader adds 1 at each epoch's end.
+    seen = wait_for(lambda: w if len(w := worker_pids(j.pid)) == 3 else None, 60, what="3 workers")
+    sampler = Sampler([j.pid], gpu=_no_gpu())
+    found = wait_for(lambda: _worker_set(sampler) if len(_worker_set(sampler)) == 3 else None, 60,
+                     what="loadertop to see 3 workers")
+    assert len(found) == 3 and found & seen
+
+
+def _worker_set(sampler) -> set[int]:
+    snap = sampler.tick()
+    return {w.pid for t in snap.trainers for w in t.workers}
+
+
+def _no_gpu():
+    from loadertop.probes.gpu import GpuProbe
+
+    class Missing:
+        def nvmlInit(self):
+            raise ImportError
+
+    return GpuProbe(lib=Missing())
+
+
+def test_short_epochs_without_persistent_workers_count_respawns(job):
+    j = job("--workers", "2", "--epoch-items", "32", "--batch-size", "8", "--step-ms", "20")
+    j.wait_ready()
+    trainer = only_trainer(snapshot(j.pid, duration=4))
+    assert trainer["worker_respawns"] >= 2
+    r = snapshot(j.pid, duration=2)
+    assert any(e["kind"] == "worker_exited" for e in r["events"])
+
+
+def test_late_loader_is_a_trainer_with_zero_workers_until_it_starts(job):
+    j = job("--workers", "2", "--late-start", "4", "--persistent")
+    wait_for(lambda: Path(f"/proc/{j.pid}").exists(), 10)
+    sampler = Sampler([j.pid], gpu=_no_gpu())
+    first = sampler.tick()
+    assert [t.pid for t in first.trainers] == [j.pid]
+    assert first.trainers[0].workers == ()
+    assert any(n.id == "no_workers" for n in first.notices)
+    wait_for(lambda: len(sampler.tick().trainers[0].workers) == 2, 60, what="workers to appear")
+    last = sampler.tick()
+    assert {w.pid for w in last.trainers[0].workers} == worker_pids(j.pid)
+    assert last.trainers[0].worker_respawns == 0
+    assert not any(n.id == "no_workers" for n in last.notices)
+
+
+def test_job_that_exits_mid_snapshot_is_reported_as_exited(job):
+    j = job("--workers", "2", "--duration", "3", "--persistent")
+    j.wait_ready()
+    workers = worker_pids(j.pid)
+    trainer = only_trainer(snapshot(j.pid, duration=8))
+    assert trainer["status"] == "exited"
+    assert {w["pid"] for w in trainer["workers"]} == workers
+    assert all(w["status"] == "exited" for w in trainer["workers"])
+
+
+def test_torchrun_ranks_are_two_trainers(job):
+    torchrun = shutil.which("torchrun") or str(Path(PYTHON).parent / "torchrun")
+    j = job("--workers", "2", "--dist", "--persistent",
+            cmd=[torchrun, "--standalone", "--nproc_per_node=2"], env={"OMP_NUM_THREADS": "1"})
+    j.wait_ready(suffix=".0", timeout=90)
+    j.wait_ready(suffix=".1", timeout=90)
+    report = snapshot(j.pid)
+    trainers = sorted(report["trainers"], key=lambda t: t["rank"])
+    assert [t["rank"] for t in trainers] == [0, 1]
+    assert [t["local_rank"] for t in trainers] == [0, 1]
+    for t in trainers:
+        assert t["job_pid"] == j.pid
+        assert t["env"]["WORLD_SIZE"] == "2"
+        assert {w["pid"] for w in t["workers"]} == worker_pids(t["pid"])
+        assert len(t["workers"]) == 2
+
+
+def test_rank_pid_given_directly(job):
+    torchrun = shutil.which("torchrun") or str(Path(PYTHON).parent / "torchrun")
+    j = job("--workers", "1", "--dist", "--persistent",
+            cmd=[torchrun, "--standalone", "--nproc_per_node=2"])
+    j.wait_ready(suffix=".1", timeout=90)
+    ranks = [p for p in descendants(j.pid) if worker_pids(p)]
+    assert len(ranks) == 2
+    trainer = only_trainer(snapshot(ranks[1]))
+    assert trainer["pid"] == ranks[1]
+    assert trainer["rank"] in (0, 1)
+
+
+def test_secrets_in_argv_and_environment_never_reach_the_report(job):
+    j = job("--workers", "1", "--persistent",
+            env={"WANDB_API_KEY": "wandb-secret-1234", "OMP_NUM_THREADS": "3",
+                 "AWS_SECRET_ACCESS_KEY": "aws-secret-5678"})
+    j.wait_ready()
+    # Secrets on the command line: a wrapper shell passes them as arguments to the job.
+    w = subprocess.Popen(
+        ["sh", "-c", "sleep 30", "sh", "--api-key", "k-secret-9", "--token=t-secret-8",
+         "PASSWORD=p-secret-7", "https://user:url-secret-6@host/data"],
+        start_new_session=True,
+    )
+    try:
+        report = snapshot(j.pid, w.pid)
+    finally:
+        w.kill()
+        w.wait()
+    text = json.dumps(report)
+    for secret in ("wandb-secret-1234", "aws-secret-5678", "k-secret-9", "t-secret-8",
+                   "p-secret-7", "url-secret-6", "WANDB_API_KEY", "AWS_SECRET"):
+        assert secret not in text
+    trainer = next(t for t in report["trainers"] if t["pid"] == j.pid)
+    assert trainer["env"] == {"OMP_NUM_THREADS": "3"}
+
+
+def test_not_python_target_gets_a_trainer_with_a_notice():
+    p = subprocess.Popen(["sleep", "30"])
+    try:
+        report = snapshot(p.pid, duration=1)
+    finally:
+        p.kill()
+        p.wait()
+    trainer = only_trainer(report)
+    assert trainer["workers"] == []
+    assert {"not_python", "no_workers"} <= {n["id"] for n in report["notices"]}
+
+
+def test_no_such_pid_is_one_line_and_exit_2():
+    r = loadertop("snapshot", "999999999", "--duration", "1")
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "999999999" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("bad", [["abc"], ["123", "--duration", "-1"], ["123", "--duration", "x"]])
+def test_bad_arguments_are_one_line(bad):
+    r = loadertop("snapshot", *bad)
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+def test_unwritable_output_path(tmp_path):
+    p = subprocess.Popen(["sleep", "30"])
+    try:
+        r = loadertop("snapshot", str(p.pid), "--duration", "1", "-o", "/nonexistent/dir/r.json")
+        assert r.returncode == 2 and "/nonexistent/dir" in r.stderr and "Traceback" not in r.stderr
+        target = tmp_path / "r.json"
+        r = loadertop("snapshot", str(p.pid), "--duration", "0.5", "--no-stacks", "-o", str(target))
+        assert r.returncode == 0, r.stderr
+        jsonschema.validate(json.loads(target.read_text()), SCHEMA)
+    finally:
+        p.kill()
+        p.wait()
