@@ -82,19 +82,16 @@ def _check_output(path: str) -> None:
 
 
 def run_ticks(sampler, duration_s: float, on_snapshot) -> None:
-    """Tick every interval until duration_s passed or every job exited; never overlapping."""
+    """Tick every interval until duration_s passed or every job exited; never overlapping.
+    The last tick completes the slow readings so that a report has USS/PSS for everyone."""
     start = time.monotonic()
-    n = 0
-    while True:
-        snap = sampler.tick()
-        on_snapshot(snap)
-        n += 1
+    ticks = int(duration_s / sampler.interval_s + 1e-6) + 1
+    for n in range(ticks):
+        if n:
+            time.sleep(max(0.0, start + n * sampler.interval_s - time.monotonic()))
+        on_snapshot(sampler.tick(complete=n == ticks - 1))
         if all(j.exited for j in sampler.jobs):
             return
-        next_at = start + n * sampler.interval_s
-        if next_at - start > duration_s + 1e-6:
-            return
-        time.sleep(max(0.0, next_at - time.monotonic()))
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:

@@ -118,7 +118,9 @@ class Sampler:
 
     # --- the tick -------------------------------------------------------------------
 
-    def tick(self) -> Snapshot:
+    def tick(self, complete: bool = False) -> Snapshot:
+        """One snapshot; `complete` reads USS/PSS of every process never read yet (a report's
+        last tick), whatever that costs."""
         now = time.time()
         mono = time.monotonic()
         board = NoticeBoard()
@@ -129,10 +131,9 @@ class Sampler:
             board.add(n)
         live: set[Key] = set()
         trainers: list[TrainerSnapshot] = []
-        slow_due: list[procfs.Stat] = []
+        self.processes.begin_tick()
         for job in self.jobs:
-            trainers.extend(self._tick_job(job, now, board, events, live, slow_due))
-        self.processes.refresh_slow(slow_due, now)
+            trainers.extend(self._tick_job(job, now, mono, board, events, live, complete))
         self.processes.forget(live)
         self.discovery.forget(live)
         if self.stacks is not None:
@@ -173,18 +174,22 @@ class Sampler:
             jobs=tuple(j.pid for j in self.jobs),
         )
 
-    def _tick_job(self, job, now, board, events, live, slow_due) -> list[TrainerSnapshot]:
+    def _tick_job(self, job, now, mono, board, events, live, complete) -> list[TrainerSnapshot]:
         tree = (
             Tree(root=None)
             if job.exited
             else self.discovery.walk(
-                job.pid, job.start_ticks, [t.pid for t in job.trainers.values() if not t.exited]
+                job.pid, job.start_ticks, [t.pid for t in job.trainers.values() if not t.exited], mono
             )
         )
         if tree.root is None:
             job.exited = True
             board.add(job_status_notice(job.pid))
         current = self._trainer_pids(job, tree, board)
+        # smaps and threads first, so this tick's samples carry what they read.
+        family = [tree.stats[p] for p in current]
+        family += [tree.stats[w] for p in current for w in tree.workers.get(p, ())]
+        self.processes.refresh_slow(family, now, complete)
         out = []
         for pid in current:
             st = tree.stats[pid]
@@ -196,7 +201,7 @@ class Sampler:
                 job.trainers[key] = state
                 events.append(Event(now, "trainer_found", pid, pid, " ".join(state.cmdline)[:200]))
             state.confirmed = state.confirmed or pid in tree.workers or self._is_rank(tree, pid)
-            out.append(self._sample_trainer(state, st, tree, now, board, events, live, slow_due))
+            out.append(self._sample_trainer(state, st, tree, now, board, events, live))
         # Trainers not seen this tick: exited (or, if provisional, simply replaced).
         for key, state in list(job.trainers.items()):
             if key[0] in current and key_of(tree.stats[key[0]]) == key:
@@ -230,8 +235,8 @@ class Sampler:
             st = tree.stats.get(state.pid)
             if state.confirmed and st is not None and key_of(st) == state.key and st.state != "Z":
                 found.add(state.pid)
-        for pid, st in tree.stats.items():
-            if self._is_rank(tree, pid) and st.comm != "pt_data_worker" and not d.is_helper(st):
+        for pid in tree.others:
+            if self._is_rank(tree, pid) and not d.is_helper(tree.stats[pid]):
                 found.add(pid)
         found = {p for p in found if tree.stats[p].state != "Z"}
         if found:
@@ -250,7 +255,8 @@ class Sampler:
             return []
         if d.is_python(root) or root.state == "Z":
             return [root.pid] if root.state != "Z" else []
-        for pid, st in sorted(tree.stats.items()):
+        for pid in sorted(tree.others):
+            st = tree.stats[pid]
             if pid != root.pid and d.is_python(st) and not d.is_helper(st) and st.state != "Z":
                 return [pid]
         board.add(
@@ -274,10 +280,9 @@ class Sampler:
         except PermissionError:
             state.env = None
 
-    def _sample_trainer(self, state, st, tree, now, board, events, live, slow_due):
+    def _sample_trainer(self, state, st, tree, now, board, events, live):
         pid = st.pid
         live.add(state.key)
-        slow_due.append(st)
         if now - state.usable_at >= USABLE_CPUS_REFRESH_S:
             state.usable_cpus = usable_cpus(pid)
             state.usable_at = now
@@ -293,7 +298,6 @@ class Sampler:
                 state.zombie_codes.setdefault(wkey, wst.exit_code)
                 continue
             live.add(wkey)
-            slow_due.append(wst)
             workers[wkey] = self.processes.sample(wst, now)
         for wkey in workers:
             if wkey not in state.workers:
@@ -307,7 +311,7 @@ class Sampler:
                 events.append(Event(now, "worker_exited", pid, wkey[0], describe_exit(code), code))
         state.zombie_codes = {k: v for k, v in state.zombie_codes.items() if k[0] in tree.stats}
         state.workers = workers
-        pin, pin_cpu = self._pin_thread(state, tree.trainer_threads.get(pid), now)
+        pin, pin_cpu = self._pin_thread(state, tree.pin_threads.get(pid), now)
         shm, notice = read_shm(pid)
         board.add(notice)
         if shm is not None:
@@ -357,10 +361,9 @@ class Sampler:
             state.last_workers = snap.workers
         return snap
 
-    def _pin_thread(self, state: _Trainer, threads, now):
-        if not threads:
+    def _pin_thread(self, state: _Trainer, pin, now):
+        if pin is None:
             return None, None
-        pin = [t for t in threads if t.comm == "pt_data_pin"]
         if not pin:
             state.pin_ticks = None
             return False, None
@@ -406,11 +409,9 @@ class Sampler:
             return t
         pids = {t.pid}
         try:
-            status = procfs.read_status(t.pid)
+            pids.update(procfs.read_nspid(t.pid))  # NVML may report the pid from inside a container
         except PermissionError:
-            status = None
-        if status is not None:
-            pids.update(status.nspid)  # NVML may report the pid from inside a container
+            pass
         used = tuple(g.index for g in gpus if pids & set(g.process_pids))
         return replace(t, gpus=used)
 

@@ -130,6 +130,7 @@ def test_rank_pid_given_directly(job):
     torchrun = shutil.which("torchrun") or str(Path(PYTHON).parent / "torchrun")
     j = job("--workers", "1", "--dist", "--persistent",
             cmd=[torchrun, "--standalone", "--nproc_per_node=2"])
+    j.wait_ready(suffix=".0", timeout=90)
     j.wait_ready(suffix=".1", timeout=90)
     ranks = [p for p in descendants(j.pid) if worker_pids(p)]
     assert len(ranks) == 2

@@ -52,7 +52,8 @@ class Tree:
     stats: dict[int, procfs.Stat] = field(default_factory=dict)
     parent: dict[int, int] = field(default_factory=dict)
     workers: dict[int, list[int]] = field(default_factory=dict)  # owner pid -> worker pids
-    trainer_threads: dict[int, list[procfs.Stat]] = field(default_factory=dict)
+    others: list[int] = field(default_factory=list)  # every process of the tree that is not a worker
+    pin_threads: dict[int, list[procfs.Stat]] = field(default_factory=dict)  # trainer -> pin threads
 
 
 class Discovery:
@@ -60,6 +61,7 @@ class Discovery:
 
     def __init__(self) -> None:
         self._cmdlines: dict[Key, list[str] | None] = {}
+        self._threads: dict[Key, _Threads] = {}
 
     def cmdline(self, st: procfs.Stat) -> list[str] | None:
         key = key_of(st)
@@ -71,8 +73,9 @@ class Discovery:
         return self._cmdlines[key]
 
     def forget(self, live: set[Key]) -> None:
-        for key in [k for k in self._cmdlines if k not in live]:
-            del self._cmdlines[key]
+        for table in (self._cmdlines, self._threads):
+            for key in [k for k in table if k not in live]:
+                del table[key]
 
     def is_helper(self, st: procfs.Stat) -> bool:
         args = " ".join(self.cmdline(st) or ())
@@ -88,20 +91,25 @@ class Discovery:
         args = self.cmdline(st) or []
         return bool(args) and os.path.basename(args[0]).startswith("python")
 
-    def walk(self, root_pid: int, root_start: int, known_trainers: Iterable[int] = ()) -> Tree:
+    def walk(
+        self, root_pid: int, root_start: int, known_trainers: Iterable[int] = (), now: float | None = None
+    ) -> Tree:
+        now = time.monotonic() if now is None else now
         root = procfs.read_stat(root_pid)
         if root is None or root.start_ticks != root_start:
             return Tree(root=None)
-        tree = Tree(root=root)
+        tree = Tree(root=root, others=[root.pid])
         tree.stats[root.pid] = root
-        watch_threads = set(known_trainers)
+        known = set(known_trainers)
         parents = None if procfs.HAVE_CHILDREN_FILE else procfs.all_parents()
         stack = [root]
         while stack:
             node = stack.pop()
-            tids = procfs.task_ids(node.pid)
+            threads = self._threads.get(key_of(node))
+            if threads is None or now - threads.scanned_at >= THREAD_RESCAN_S:
+                threads = self._scan_threads(node, now, parents)
             kids = (
-                procfs.children(node.pid, tids)
+                procfs.children(node.pid, sorted(threads.child_tids))
                 if parents is None
                 else [p for p, pp in parents.items() if pp == node.pid]
             )
@@ -116,21 +124,60 @@ class Discovery:
                     worker_kids.append(pid)  # a worker's own children are not workers
                 else:
                     stack.append(st)
+                    tree.others.append(pid)
             if worker_kids:
                 owner = node.pid
                 # forkserver workers hang under the fork server, which hangs under the trainer
                 while owner in tree.parent and self.is_helper(tree.stats[owner]):
                     owner = tree.parent[owner]
                 tree.workers.setdefault(owner, []).extend(worker_kids)
-                watch_threads.add(owner)
-            if node.pid in watch_threads or worker_kids:
-                threads = [procfs.read_stat(node.pid, t) for t in tids]
-                tree.trainer_threads[node.pid] = [t for t in threads if t is not None]
-        for owner in tree.workers:
-            if owner not in tree.trainer_threads:
-                threads = [procfs.read_stat(owner, t) for t in procfs.task_ids(owner)]
-                tree.trainer_threads[owner] = [t for t in threads if t is not None]
+        for pid in known | set(tree.workers):
+            st = tree.stats.get(pid)
+            if st is None:
+                continue
+            threads = self._threads.get(key_of(st))
+            # A new set of workers means a new loader iterator, and maybe a new pin thread.
+            n_workers = len(tree.workers.get(pid, ()))
+            if threads is None or threads.pin_tids is None or threads.workers_seen != n_workers:
+                threads = self._scan_threads(st, now, parents, with_names=True)
+                threads.workers_seen = n_workers
+            pins = [procfs.read_stat(pid, tid) for tid in threads.pin_tids or ()]
+            tree.pin_threads[pid] = [t for t in pins if t is not None and t.comm == PIN_THREAD_COMM]
         return tree
+
+    def _scan_threads(self, st: procfs.Stat, now: float, parents, with_names: bool = False) -> _Threads:
+        """Which threads fork children (and, for a trainer, which is the pin-memory thread).
+
+        Between scans only those threads' children files are read: a trainer may run 60+
+        threads (OpenMP), and reading all of them every tick would cost more than its workers.
+        """
+        tids = procfs.task_ids(st.pid)
+        child_tids = {st.pid}
+        if parents is None:
+            for tid in tids:
+                if procfs.children(st.pid, [tid]):
+                    child_tids.add(tid)
+        pin_tids = None
+        if with_names:
+            pin_tids = []
+            for tid in tids:
+                tst = procfs.read_stat(st.pid, tid)
+                if tst is not None and tst.comm == PIN_THREAD_COMM:
+                    pin_tids.append(tid)
+        threads = _Threads(scanned_at=now, child_tids=child_tids, pin_tids=pin_tids)
+        self._threads[key_of(st)] = threads
+        return threads
+
+
+THREAD_RESCAN_S = 5.0
+
+
+@dataclass
+class _Threads:
+    scanned_at: float
+    child_tids: set[int]  # threads seen forking children; always the main thread
+    pin_tids: list[int] | None  # None: not looked for (not a trainer)
+    workers_seen: int = -1
 
 
 @dataclass
@@ -165,25 +212,26 @@ class ProcessSampler:
         self.slow_budget_s = slow_budget_s
         self._prev: dict[Key, tuple[float, int, int, int]] = {}
         self._slow: dict[Key, _Slow] = {}
+        self._credit = 0.0
         self.denied_memory: set[int] = set()  # pids whose smaps we may not read
 
     def sample(self, st: procfs.Stat, now: float, worker_id: int | None = None) -> ProcessSample:
         key = key_of(st)
-        status = None
+        ctx = None
         if st.state != "Z":
             try:
-                status = procfs.read_status(st.pid)
+                ctx = procfs.read_ctx_switches(st.pid)
             except PermissionError:
-                status = None
+                ctx = None
         cpu = vol_rate = invol_rate = None
-        prev = self._prev.get(key)
-        if status is not None:
+        if ctx is not None:
+            prev = self._prev.get(key)
             if prev is not None and now > prev[0]:
                 dt = now - prev[0]
                 cpu = max(0.0, 100.0 * (st.cpu_ticks - prev[1]) / procfs.CLK_TCK / dt)
-                vol_rate = max(0.0, (status.ctx_voluntary - prev[2]) / dt)
-                invol_rate = max(0.0, (status.ctx_involuntary - prev[3]) / dt)
-            self._prev[key] = (now, st.cpu_ticks, status.ctx_voluntary, status.ctx_involuntary)
+                vol_rate = max(0.0, (ctx[0] - prev[2]) / dt)
+                invol_rate = max(0.0, (ctx[1] - prev[3]) / dt)
+            self._prev[key] = (now, st.cpu_ticks, ctx[0], ctx[1])
         slow = self._slow.get(key)
         memory = slow.memory if slow else None
         return ProcessSample(
@@ -203,8 +251,21 @@ class ProcessSampler:
             worker_id=worker_id,
         )
 
-    def refresh_slow(self, stats: list[procfs.Stat], now: float) -> None:
-        """Refresh the stalest processes' smaps, maps and threads within the time budget."""
+    def refresh_slow(self, stats: list[procfs.Stat], now: float, complete: bool = False) -> None:
+        """Refresh the stalest processes' smaps, maps and threads within the time budget.
+
+        The budget is a credit: each tick adds slow_budget_s and each read spends what it
+        cost, so one large process that alone takes longer than the budget is still read,
+        and the average slow cost per tick stays at the budget however many workers run.
+        `complete` (for a report's last tick) also reads every process never read yet.
+        Call begin_tick() once per tick first.
+        """
+        if complete:
+            for st in stats:
+                if st.state != "Z" and key_of(st) not in self._slow:
+                    self._refresh_one(st, now)
+        if self._credit <= 0:
+            return
         due = []
         for st in stats:
             if st.state == "Z":
@@ -216,11 +277,15 @@ class ProcessSampler:
             if last is None or now - last >= wait - 1e-3:
                 due.append((last if last is not None else float("-inf"), st))
         due.sort(key=lambda item: item[0])
-        started = time.perf_counter()
         for _, st in due:
+            started = time.perf_counter()
             self._refresh_one(st, now)
-            if time.perf_counter() - started >= self.slow_budget_s:
+            self._credit -= time.perf_counter() - started
+            if self._credit <= 0:
                 break
+
+    def begin_tick(self) -> None:
+        self._credit = min(self._credit + self.slow_budget_s, 4 * self.slow_budget_s)
 
     def _refresh_one(self, st: procfs.Stat, now: float) -> None:
         key = key_of(st)

@@ -1,0 +1,92 @@
+"""What loadertop sees across isolation boundaries: a container-like /dev/shm of its own,
+and an unprivileged user looking at root's job."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import jsonschema
+import pytest
+from jobs import PYTHON, REPO, worker_pids
+from test_snapshot_cli import SCHEMA, only_trainer, snapshot
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def _can_unshare() -> bool:
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return False
+    r = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c",
+         "mount -t tmpfs -o size=1m tmpfs /dev/shm"],
+        capture_output=True,
+    )
+    return r.returncode == 0
+
+
+@pytest.mark.skipif(not _can_unshare(), reason="unshare of a mount namespace is not permitted here")
+def test_trainer_with_its_own_small_dev_shm(job):
+    size = 48 * 1024 * 1024
+    script = f'mount -t tmpfs -o size={size} tmpfs /dev/shm && exec "$0" "$@"'
+    j = job("--workers", "2", "--persistent", "--tensor-kb", "64",
+            cmd=["unshare", "-m", "--propagation", "private", "sh", "-c", script, PYTHON])
+    j.wait_ready()
+    shm = only_trainer(snapshot(j.pid))["shm"]
+    assert shm["total_bytes"] == size, "the trainer's /dev/shm, not the host's"
+    assert shm["total_bytes"] != os.statvfs("/dev/shm").f_blocks * os.statvfs("/dev/shm").f_frsize
+    assert shm["peak_used_bytes"] >= shm["used_bytes"] >= 0
+
+
+def _nobody_can_run_system_python() -> bool:
+    if os.geteuid() != 0 or not shutil.which("runuser") or not os.path.exists(SYSTEM_PYTHON):
+        return False
+    r = subprocess.run(["runuser", "-u", "nobody", "--", SYSTEM_PYTHON, "-c", "pass"], capture_output=True)
+    return r.returncode == 0
+
+
+@pytest.fixture
+def world_readable_loadertop():
+    """A copy of the package that user nobody can import (the checkout may sit under /root)."""
+    folder = tempfile.mkdtemp(prefix="loadertop-nobody-")
+    os.chmod(folder, 0o755)
+    shutil.copytree(REPO / "loadertop", Path(folder) / "loadertop",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for root, dirs, files in os.walk(folder):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o755)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o644)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.skipif(not _nobody_can_run_system_python(), reason="needs root, runuser and /usr/bin/python3")
+def test_unprivileged_user_sees_workers_and_is_told_what_is_missing(job, world_readable_loadertop):
+    j = job("--workers", "2", "--persistent", "--item-ms", "2")
+    j.wait_ready()
+    truth = j.wait_workers(2)
+    env = {"PYTHONPATH": world_readable_loadertop, "PATH": "/usr/bin:/bin"}
+    r = subprocess.run(
+        [shutil.which("runuser"), "-u", "nobody", "--", SYSTEM_PYTHON, "-m", "loadertop", "snapshot",
+         str(j.pid), "--duration", "2", "--interval", "0.5", "--json", "--no-stacks"],
+        capture_output=True, text=True, timeout=60, env=env, cwd="/",
+    )
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    jsonschema.validate(report, SCHEMA)
+    trainer = only_trainer(report)
+    assert {w["pid"] for w in trainer["workers"]} == truth == worker_pids(j.pid)
+    for w in trainer["workers"]:
+        assert w["cpu_percent"] is not None and w["rss_bytes"] > 0  # /proc stat stays readable
+        assert w["uss_bytes"] is None and w["pss_bytes"] is None  # smaps does not
+    notices = {n["id"]: n for n in report["notices"]}
+    assert "memory_permission" in notices and "root" in notices["memory_permission"]["fix"]
+    assert "env_permission" in notices
+    assert trainer["env"] == {}
+    # Same mount namespace: /dev/shm is still measured, through our own view of that mount.
+    assert trainer["shm"] is not None and trainer["shm"]["total_bytes"] > 0

@@ -1,0 +1,81 @@
+"""Small pure pieces: /proc parsing, redaction, the bounded history."""
+
+import pytest
+
+from loadertop.probes import procfs
+from loadertop.redact import REDACTED, redact_cmdline
+from loadertop.sampler import History, describe_exit
+
+
+def test_parse_stat_with_hostile_comm():
+    fields = ["S", "1", "1", "1", "0", "-1", "4194560"] + ["0"] * 4 + ["7", "5"] + ["0"] * 4
+    fields += ["3", "0", "12345", "100", "50"] + ["0"] * 27 + ["9"]  # field 52: exit code
+    st = procfs.parse_stat(("42 (evil) (name ) " + " ".join(fields)).encode())
+    assert st.pid == 42 and st.comm == "evil) (name "
+    assert st.state == "S" and st.ppid == 1 and st.cpu_ticks == 12
+    assert st.num_threads == 3 and st.start_ticks == 12345
+    assert st.rss_bytes == 50 * procfs.PAGE_SIZE and st.exit_code == 9
+
+
+def test_read_stat_of_self_matches_os():
+    import os
+
+    st = procfs.read_stat(os.getpid())
+    assert st.pid == os.getpid() and st.ppid == os.getppid() and st.state == "R"
+    assert procfs.read_stat(999_999_999) is None
+
+
+SECRETS = [
+    (["--api-key", "S1"], "S1"),
+    (["--api_key=S2"], "S2"),
+    (["--token", "S3"], "S3"),
+    (["--hf-token=S4"], "S4"),
+    (["--password", "S5"], "S5"),
+    (["--db-passwd=S6"], "S6"),
+    (["PASSWORD=S7"], "S7"),
+    (["WANDB_API_KEY=S8"], "S8"),
+    (["trainer.logger.api_key=S9"], "S9"),
+    (["s3://AKIAIOSFODNN7EXAMPLE:S10@bucket/path"], "S10"),
+    (["--data", "https://user:S11@example.com/x"], "S11"),
+    (["--url=https://h/x?sig=1&token=S12&a=b"], "S12"),
+    (["--secret", "S13"], "S13"),
+    (["--aws-secret-access-key", "S14"], "S14"),
+    (["--private-key=S15"], "S15"),
+    (["-k", "x", "--auth", "S16"], "S16"),
+    (["hf_abcdefghijklmnopqrstuvwxyz0123"], "hf_abcdefghijklmnopqrstuvwxyz0123"),
+    (["sk-proj-abcdefghijklmnopqrstuvwx"], "sk-proj-abcdefghijklmnopqrstuvwx"),
+    (["ghp_abcdefghijklmnopqrstuvwxyz0123456789"], "ghp_abcdefghijklmnopqrstuvwxyz0123456789"),
+    (["--note=AKIAIOSFODNN7EXAMPLE"], "AKIAIOSFODNN7EXAMPLE"),
+    (["eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.SflKxwRJSMeKKF2QT4"], "SflKxwRJSMeKKF2QT4"),
+    (["--credentials", "S17"], "S17"),
+]
+
+
+@pytest.mark.parametrize("args,secret", SECRETS)
+def test_secret_shapes_are_redacted(args, secret):
+    out = redact_cmdline(["python", "train.py", *args])
+    assert secret not in " ".join(out)
+    assert any(REDACTED in a for a in out)
+
+
+def test_ordinary_arguments_are_kept():
+    argv = ["python", "train.py", "--tokenizer", "bert", "--keyframes", "8", "--monkey", "1",
+            "--batch-size", "64", "--lr=0.1", "--data", "/data/imagenet", "--author", "me"]
+    assert redact_cmdline(argv) == tuple(argv)
+
+
+def test_flag_followed_by_a_flag_hides_nothing_else():
+    assert redact_cmdline(["--token", "--lr", "1"]) == ("--token", "--lr", "1")
+
+
+def test_history_is_bounded():
+    h = History(maxlen=5)
+    for i in range(100):
+        h.append(i)  # type: ignore[arg-type]
+    assert len(h) == 5 and list(h) == [95, 96, 97, 98, 99]
+
+
+def test_describe_exit():
+    assert describe_exit(9) == "killed by SIGKILL"
+    assert describe_exit(1 << 8) == "exit status 1"
+    assert describe_exit(None) == ""
