@@ -81,16 +81,23 @@ def _check_output(path: str) -> None:
         raise UsageError(f"cannot write {path!r}: permission denied (choose another -o path)")
 
 
-def run_ticks(sampler, duration_s: float, on_snapshot) -> None:
+def run_ticks(sampler, duration_s: float, on_snapshot, before_last=None) -> None:
     """Tick every interval until duration_s passed or every job exited; never overlapping.
-    The last tick completes the slow readings so that a report has USS/PSS for everyone."""
+    The last tick completes the slow readings so that a report has USS/PSS for everyone;
+    before_last() runs just before it (to collect the stack sampler's last window)."""
     start = time.monotonic()
     ticks = int(duration_s / sampler.interval_s + 1e-6) + 1
     for n in range(ticks):
+        last = n == ticks - 1
         if n:
             time.sleep(max(0.0, start + n * sampler.interval_s - time.monotonic()))
-        on_snapshot(sampler.tick(complete=n == ticks - 1))
+        if last and before_last is not None:
+            before_last()
+        on_snapshot(sampler.tick(complete=last))
         if all(j.exited for j in sampler.jobs):
+            if not last and before_last is not None:
+                before_last()
+                on_snapshot(sampler.tick(complete=True))
             return
 
 
@@ -102,11 +109,22 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     if args.output:
         _check_output(args.output)
     stacks = None
+    if not args.no_stacks:
+        from .probes.stacks import StackSampler
+
+        # One py-spy window spans the whole snapshot, so data wait covers the same time.
+        stacks = StackSampler(window_s=max(1, int(args.duration)), rolling_s=args.duration + 60)
     sampler = Sampler(args.pids, interval_s=args.interval, stacks=stacks)
     history = History()
+
+    def collect_last_window() -> None:
+        if stacks is not None:
+            stacks.stop_after_window()
+            stacks.flush(timeout=stacks.window_s + 15)
+
     interrupted = False
     try:
-        run_ticks(sampler, args.duration, history.append)
+        run_ticks(sampler, args.duration, history.append, collect_last_window)
     except KeyboardInterrupt:
         interrupted = True  # report what was sampled
     finally:

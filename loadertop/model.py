@@ -91,6 +91,16 @@ class DataWait:
 
 
 @dataclass(frozen=True)
+class LoaderConfig:
+    """One DataLoader as its workers' `_worker_loop` arguments show it (py-spy --locals)."""
+
+    dataset_class: str | None
+    num_workers: int | None
+    persistent_workers: bool | None
+    worker_pids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class TrainerSnapshot:
     pid: int
     started_at: float
@@ -109,6 +119,7 @@ class TrainerSnapshot:
     worker_respawns: int
     shm: ShmSnapshot | None
     data_wait: DataWait | None = None
+    loaders: tuple[LoaderConfig, ...] = ()
     gpus: tuple[int, ...] = ()  # indexes into Snapshot.gpus
 
     @property

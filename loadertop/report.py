@@ -118,6 +118,15 @@ def _trainer(last: TrainerSnapshot, snaps: Sequence[Snapshot]) -> dict:
             "stalled_for_s": dw.stalled_for_s,
             "source": dw.source,
         },
+        "loaders": [
+            {
+                "dataset_class": loader.dataset_class,
+                "num_workers": loader.num_workers,
+                "persistent_workers": loader.persistent_workers,
+                "worker_pids": list(loader.worker_pids),
+            }
+            for loader in last.loaders
+        ],
         "pin_memory_thread": last.pin_memory_thread,
         "pin_memory_cpu_percent": _mean(t.pin_memory_cpu_percent for t in running),
         "shm": shm,

@@ -13,12 +13,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from .model import DataWait, Event, Notice, ProcessSample, Snapshot, TrainerSnapshot
+from .model import DataWait, Event, LoaderConfig, Notice, ProcessSample, Snapshot, TrainerSnapshot
 from .probes import procfs
 from .probes.gpu import GpuProbe
 from .probes.host import HostProbe, usable_cpus
 from .probes.procs import Discovery, Key, ProcessSampler, Tree, key_of
 from .probes.shm import read_shm
+from .probes.stacks import WorkerInfo
 from .redact import ENV_WHITELIST, redact_cmdline
 
 USABLE_CPUS_REFRESH_S = 30.0
@@ -29,7 +30,10 @@ class StackSource(Protocol):
 
     def watch(self, trainers: dict[int, tuple[int, ...]]) -> None: ...
     def data_wait(self, trainer_pid: int) -> DataWait | None: ...
-    def worker_info(self, pid: int) -> tuple[int | None, str | None]: ...
+    def worker(self, pid: int) -> WorkerInfo | None: ...
+    def stop_after_window(self) -> None: ...
+    def flush(self, timeout: float) -> None: ...
+    def close(self) -> None: ...
     def notices(self) -> tuple[Notice, ...]: ...
 
 
@@ -388,19 +392,28 @@ class Sampler:
         )
 
     def _with_stacks(self, t: TrainerSnapshot) -> TrainerSnapshot:
-        if t.status != "running":
-            return t
         assert self.stacks is not None
+        if t.status != "running":
+            # The window that covered the exit is read after it: keep its samples.
+            return replace(t, data_wait=self.stacks.data_wait(t.pid) or t.data_wait)
         workers = []
+        loaders: dict[tuple, list[int]] = {}
         for w in t.workers:
-            worker_id, doing = self.stacks.worker_info(w.pid)
-            workers.append(replace(w, worker_id=worker_id, doing=doing))
-        _, main_doing = self.stacks.worker_info(t.pid)
+            info = self.stacks.worker(w.pid)
+            if info is None:
+                workers.append(w)
+                continue
+            workers.append(replace(w, worker_id=info.worker_id, doing=info.doing))
+            if info.num_workers is not None:
+                key = (info.dataset_class, info.num_workers, info.persistent_workers)
+                loaders.setdefault(key, []).append(w.pid)
+        data_wait = self.stacks.data_wait(t.pid)
         return replace(
             t,
-            data_wait=self.stacks.data_wait(t.pid),
+            data_wait=data_wait,
             workers=tuple(workers),
-            main=replace(t.main, doing=main_doing),
+            main=replace(t.main, doing=main_doing(data_wait)),
+            loaders=tuple(LoaderConfig(k[0], k[1], k[2], tuple(v)) for k, v in loaders.items()),
         )
 
     @staticmethod
@@ -417,6 +430,19 @@ class Sampler:
 
     def close(self) -> None:
         self.gpu.close()
+        if self.stacks is not None:
+            self.stacks.close()
+
+
+def main_doing(dw: DataWait | None) -> str | None:
+    """The main thread's largest share of time, e.g. 'waiting for data 62%'."""
+    if dw is None or dw.fraction is None:
+        return None
+    shares = [("waiting for data", dw.worker_wait_fraction or 0.0),
+              ("loading in main process", dw.main_process_fraction or 0.0)]
+    shares += [(name.replace("_", " "), share) for name, share in dw.breakdown]
+    name, share = max(shares, key=lambda item: item[1])
+    return f"{name} {share:.0%}"
 
 
 def _int(value: str | None) -> int | None:

@@ -1,0 +1,507 @@
+"""Stack sampling with py-spy: data wait of each trainer's main thread, what each worker is
+doing, and the DataLoader arguments of each worker, all from outside the process.
+
+py-spy runs as a subprocess with fixed arguments and timeouts, on its own thread and
+cadence: `record --format raw --idle --nonblocking --threads` on each trainer in windows,
+and `dump --json [--locals]` on one worker at a time. The tick only reads the latest
+results (`StackSampler` implements the sampler's StackSource) and never waits for py-spy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from ..model import DataWait, Notice
+
+# --- classification of the trainer's main thread (pure) ---------------------------
+
+WAIT = "worker_wait"  # blocked until a worker's batch arrives
+MAIN = "main_process"  # loading work the main process does itself
+BREAKDOWN = ("forward", "backward", "optimizer", "device_sync", "other")
+
+# Inside DataLoader.__next__, frames that are work in the main process, not waiting.
+_MAIN_WORK = (
+    "_SingleProcessDataLoaderIter",  # num_workers=0: the dataset runs right here
+    "rebuild_storage",  # unpickling tensors passed through shared memory
+    "torch/multiprocessing/reductions.py",
+    "_process_data",
+    "pin_memory.py",  # pinning in the main thread
+    "collate.py",
+    "fetch.py",
+)
+
+
+# A sample whose innermost frame is one of these is blocked, not working: receiving a
+# batch, or the file-descriptor hand-shake with a worker's resource sharer (which waits
+# for that worker's GIL) counts as waiting for the worker.
+_BLOCKED_LEAF = (
+    "multiprocessing/connection.py",
+    "multiprocessing/resource_sharer.py",
+    "multiprocessing/reduction.py",
+    "selectors.py",
+    "socket.py",
+    "threading.py",
+    "queue.py",
+)
+
+
+def is_data_next(frame: str) -> bool:
+    return ".__next__ (" in frame and "torch/utils/data/dataloader.py" in frame
+
+
+def classify_main(frames: list[str]) -> str:
+    """The category of one sample of the trainer's main thread (frames root → leaf)."""
+    for i, frame in enumerate(frames):
+        if is_data_next(frame):
+            rest = frames[i + 1 :]
+            if rest and any(b in rest[-1] for b in _BLOCKED_LEAF):
+                return WAIT
+            return MAIN if any(m in f for f in rest for m in _MAIN_WORK) else WAIT
+    for frame in frames:
+        if "torch/autograd/" in frame or "Tensor.backward (" in frame:
+            return "backward"
+        if "torch/optim/" in frame:
+            return "optimizer"
+        if "synchronize (" in frame or "torch/cuda/streams.py" in frame:
+            return "device_sync"
+        if "Module._call_impl (" in frame or "Module._wrapped_call_impl (" in frame:
+            return "forward"
+    return "other"
+
+
+_THREAD = re.compile(r"thread \((0x[0-9a-fA-F]+|\d+)\): ")
+
+
+def parse_raw(text: str, main_tid: int) -> dict[str, int]:
+    """Counts per category of the main thread's samples in `py-spy record --format raw
+    --threads` output. Lines: `[process …;]thread (TID): NAME;frame;…;frame COUNT`."""
+    counts: dict[str, int] = {}
+    for line in text.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        m = _THREAD.search(stack)
+        if m is None or m.group(1) != str(main_tid):
+            continue
+        frames = stack[m.end() :].split(";")[1:]  # the first item is the thread's name
+        category = classify_main(frames)
+        counts[category] = counts.get(category, 0) + int(count)
+    return counts
+
+
+def data_wait_from_counts(counts: dict[str, int], window_s: float, stalled_for_s: float) -> DataWait:
+    total = sum(counts.values())
+    if not total:
+        return DataWait(None, None, None, (), 0, window_s, stalled_for_s)
+    wait, main = counts.get(WAIT, 0), counts.get(MAIN, 0)
+    return DataWait(
+        fraction=(wait + main) / total,
+        worker_wait_fraction=wait / total,
+        main_process_fraction=main / total,
+        breakdown=tuple((c, counts.get(c, 0) / total) for c in BREAKDOWN),
+        samples=total,
+        window_s=window_s,
+        stalled_for_s=stalled_for_s,
+    )
+
+
+# --- what a worker is doing (pure) -------------------------------------------------
+
+_LIBRARY_PARTS = ("/lib/python", "site-packages", "dist-packages", "<frozen")
+
+
+def _is_library(filename: str) -> bool:
+    return any(p in filename for p in _LIBRARY_PARTS)
+
+
+def _frame_label(frame: dict) -> str:
+    return f"{frame.get('name')} ({frame.get('short_filename') or frame.get('filename')}:{frame.get('line')})"
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    worker_id: int | None
+    num_workers: int | None
+    persistent_workers: bool | None
+    dataset_class: str | None
+    doing: str | None
+
+
+def _local(frame: dict, name: str) -> str | None:
+    for item in frame.get("locals") or ():
+        if item.get("name") == name:
+            return item.get("repr")
+    return None
+
+
+def _int_or_none(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def worker_doing(frames: list[dict]) -> str:
+    """From a worker's main thread (frames leaf → root, as py-spy dumps them)."""
+    names = [f.get("name") or "" for f in frames]
+    files = [f.get("filename") or "" for f in frames]
+    fetch = next((i for i, fn in enumerate(files) if fn.endswith("torch/utils/data/_utils/fetch.py")), None)
+    if fetch is not None:
+        below = frames[:fetch]  # what the fetcher called: the dataset, then its callees
+        if any((f.get("filename") or "").endswith("_utils/collate.py") for f in below):
+            return "collating"
+        if not below:
+            return "fetching"
+        entry = below[-1]  # what the fetcher called: the dataset's __getitem__ or __iter__
+        user = [f for f in below if not _is_library(f.get("filename") or "")]
+        deepest = user[0] if user else entry  # the innermost frame of the user's own code
+        if deepest is entry:
+            return _frame_label(entry)
+        return f"{entry.get('name')} > {_frame_label(deepest)}"
+    if any(n.endswith("_worker_loop") for n in names):
+        loop = names.index(next(n for n in names if n.endswith("_worker_loop")))
+        callees = " ".join(names[:loop])
+        if "Queue.get" in callees:
+            return "waiting for indices"
+        if "put" in callees or "_send" in callees or "dumps" in callees:
+            return "sending a batch"
+        return "in the worker loop"
+    return _frame_label(frames[0]) if frames else "unknown"
+
+
+def parse_dump(text: str, pid: int) -> WorkerInfo | None:
+    """The worker's main thread from `py-spy dump --json [--locals]`."""
+    try:
+        threads = json.loads(text)
+    except ValueError:
+        return None
+    main = next((t for t in threads if t.get("os_thread_id") == pid), None)
+    if main is None:
+        main = next((t for t in threads if t.get("thread_name") == "MainThread"), None)
+    if main is None:
+        return None
+    frames = main.get("frames") or []
+    loop = next((f for f in frames if (f.get("name") or "").endswith("_worker_loop")), None)
+    dataset = _local(loop, "dataset") if loop else None
+    persistent = _local(loop, "persistent_workers") if loop else None
+    return WorkerInfo(
+        worker_id=_int_or_none(_local(loop, "worker_id")) if loop else None,
+        num_workers=_int_or_none(_local(loop, "num_workers")) if loop else None,
+        persistent_workers={"True": True, "False": False}.get(persistent or ""),
+        dataset_class=dataset[1:].split(" ", 1)[0] if dataset and dataset.startswith("<") else None,
+        doing=worker_doing(frames),
+    )
+
+
+# --- py-spy, its errors and their fixes ----------------------------------------------
+
+
+def find_pyspy() -> str | None:
+    found = shutil.which("py-spy")
+    if found:
+        return found
+    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return beside if os.access(beside, os.X_OK) else None
+
+
+def _ptrace_scope() -> int | None:
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def error_notice(stderr: str, pid: int) -> Notice:
+    text = stderr.lower()
+    if "permission denied" in text or "operation not permitted" in text or "eperm" in text:
+        scope = _ptrace_scope()
+        if os.geteuid() != 0:
+            why = "ptrace refused: the trainer runs as another user" if _owner(pid) != os.geteuid() else (
+                f"ptrace refused (kernel.yama.ptrace_scope={scope})" if scope else "ptrace refused"
+            )
+            fix = "run loadertop as the trainer's user, or as root (sudo)"
+            if scope:
+                fix += f"; ptrace_scope={scope} also needs root or `sysctl kernel.yama.ptrace_scope=0`"
+        else:
+            why = "ptrace refused even as root"
+            fix = (
+                "the container lacks CAP_SYS_PTRACE: run it with `--cap-add SYS_PTRACE` (Docker) or "
+                "securityContext.capabilities.add: [SYS_PTRACE] (Kubernetes)"
+            )
+            if scope == 3:
+                fix = "kernel.yama.ptrace_scope=3 forbids ptrace until reboot; boot with a lower value"
+        return Notice("data_wait_ptrace", f"data wait of trainer {pid} unavailable: {why}", fix, pid)
+    if "python version" in text or "failed to find python" in text or "unsupported" in text:
+        return Notice(
+            "data_wait_unsupported",
+            f"py-spy cannot read the Python of trainer {pid}: {stderr.strip().splitlines()[-1][:160]}",
+            "upgrade py-spy (pip install -U py-spy) to one that supports this Python",
+            pid,
+        )
+    last = stderr.strip().splitlines()[-1][:160] if stderr.strip() else "no output"
+    return Notice("data_wait_error", f"py-spy failed on trainer {pid}: {last}", None, pid)
+
+
+def _owner(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+NO_PYSPY = Notice(
+    "data_wait_no_pyspy",
+    "data wait unavailable: the py-spy binary was not found",
+    "pip install py-spy (it ships the binary), or put py-spy on PATH",
+)
+
+
+# --- the sampler thread ---------------------------------------------------------------
+
+
+@dataclass
+class _Window:
+    started: float
+    ended: float
+    counts: dict[str, int]
+
+
+@dataclass
+class _Recording:
+    proc: subprocess.Popen
+    started: float
+    output: str
+    errors: str
+
+
+class StackSampler:
+    """Runs py-spy windows on each watched trainer and dumps workers, on its own thread."""
+
+    def __init__(
+        self,
+        window_s: int = 5,
+        rate_hz: int = 10,
+        rolling_s: float = 30.0,
+        dump_interval_s: float = 1.0,
+        stall_fraction: float = 0.98,
+        pyspy: str | None = None,
+    ) -> None:
+        self.window_s = max(1, int(window_s))
+        self.rate_hz = rate_hz
+        self.rolling_s = rolling_s
+        self.dump_interval_s = dump_interval_s
+        self.stall_fraction = stall_fraction
+        self.pyspy = pyspy or find_pyspy()
+        self._lock = threading.Lock()
+        self._targets: dict[int, tuple[int, ...]] = {}
+        self._recordings: dict[int, _Recording] = {}
+        self._windows: dict[int, deque[_Window]] = {}
+        self._stalled: dict[int, float] = {}
+        self._workers: dict[int, WorkerInfo] = {}
+        self._dumped_at: dict[int, float] = {}
+        self._notices: dict[tuple[str, int | None], Notice] = {}
+        self._refused_until: dict[int, float] = {}
+        self._tmp = tempfile.mkdtemp(prefix="loadertop-stacks-")
+        self._accepting = True
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="loadertop-stacks", daemon=True)
+        self._thread.start()
+
+    # StackSource, called from the tick: only reads what the thread has produced.
+
+    def watch(self, trainers: dict[int, tuple[int, ...]]) -> None:
+        with self._lock:
+            self._targets = dict(trainers)
+
+    def data_wait(self, trainer_pid: int) -> DataWait | None:
+        with self._lock:
+            windows = list(self._windows.get(trainer_pid, ()))
+            stalled = self._stalled.get(trainer_pid, 0.0)
+        if not windows:
+            return None
+        end = windows[-1].ended
+        recent = [w for w in windows if w.ended >= end - self.rolling_s - 1e-6]
+        counts: dict[str, int] = {}
+        for w in recent:
+            for k, v in w.counts.items():
+                counts[k] = counts.get(k, 0) + v
+        dw = data_wait_from_counts(counts, end - recent[0].started, stalled)
+        return dw if dw.samples else None
+
+    def windows(self, trainer_pid: int) -> list[tuple[float, float, DataWait]]:
+        """Each completed window: (start, end, its data wait), for history and tests."""
+        with self._lock:
+            windows = list(self._windows.get(trainer_pid, ()))
+        return [(w.started, w.ended, data_wait_from_counts(w.counts, w.ended - w.started, 0.0))
+                for w in windows]
+
+    def worker(self, pid: int) -> WorkerInfo | None:
+        with self._lock:
+            return self._workers.get(pid)
+
+    def notices(self) -> tuple[Notice, ...]:
+        with self._lock:
+            return tuple(self._notices.values())
+
+    def flush(self, timeout: float) -> None:
+        """Wait until the running windows of the watched trainers have been read."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                busy = bool(self._recordings)
+            if not busy:
+                return
+            time.sleep(0.05)
+
+    def stop_after_window(self) -> None:
+        """Start no new window; running ones finish (a report's last window)."""
+        with self._lock:
+            self._accepting = False
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        with self._lock:
+            for rec in self._recordings.values():
+                _kill(rec.proc)
+            self._recordings.clear()
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    # The thread.
+
+    def _run(self) -> None:
+        if self.pyspy is None:
+            with self._lock:
+                self._notices[(NO_PYSPY.id, None)] = NO_PYSPY
+            return
+        last_dump = 0.0
+        while not self._stop.is_set():
+            with self._lock:
+                targets = dict(self._targets)
+                accepting = self._accepting
+            now = time.monotonic()
+            for pid in targets if accepting else ():
+                if pid not in self._recordings and now >= self._refused_until.get(pid, 0.0):
+                    self._start_recording(pid)
+            for pid, rec in list(self._recordings.items()):
+                if rec.proc.poll() is not None:
+                    self._finish_recording(pid, rec)
+                elif now - rec.started > self.window_s + 10:
+                    _kill(rec.proc)  # a hung py-spy: give up this window, keep going
+                    self._finish_recording(pid, rec, timed_out=True)
+            if now - last_dump >= self.dump_interval_s:
+                worker = self._next_worker(targets)
+                if worker is not None:
+                    self._dump(worker, now)
+                    last_dump = now
+            self._stop.wait(0.05)
+
+    def _start_recording(self, pid: int) -> None:
+        output = os.path.join(self._tmp, f"{pid}-{time.monotonic_ns()}.txt")
+        errors = output + ".err"
+        with open(errors, "w") as err:
+            proc = subprocess.Popen(
+                [self.pyspy, "record", "--format", "raw", "--idle", "--nonblocking", "--threads",
+                 "--rate", str(self.rate_hz), "--duration", str(self.window_s),
+                 "--pid", str(pid), "--output", output],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+            )
+        with self._lock:
+            self._recordings[pid] = _Recording(proc, time.time(), output, errors)
+
+    def _finish_recording(self, pid: int, rec: _Recording, timed_out: bool = False) -> None:
+        ended = time.time()
+        text = _read_text(rec.output)
+        stderr = _read_text(rec.errors)
+        for path in (rec.output, rec.errors):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        counts = parse_raw(text, pid) if text else {}
+        with self._lock:
+            self._recordings.pop(pid, None)
+            if timed_out:
+                self._notices[("data_wait_timeout", pid)] = Notice(
+                    "data_wait_timeout",
+                    f"py-spy did not finish a {self.window_s}s window on trainer {pid}; retrying",
+                    None,
+                    pid,
+                )
+            if counts:
+                self._notices = {k: v for k, v in self._notices.items() if k[1] != pid}
+                windows = self._windows.setdefault(pid, deque(maxlen=max(2, int(600 / self.window_s))))
+                windows.append(_Window(rec.started, ended, counts))
+                total = sum(counts.values())
+                waiting = counts.get(WAIT, 0) + counts.get(MAIN, 0)
+                if waiting >= self.stall_fraction * total:
+                    self._stalled[pid] = self._stalled.get(pid, 0.0) + (ended - rec.started)
+                else:
+                    self._stalled[pid] = 0.0
+            elif rec.proc.returncode not in (0, None) and os.path.exists(f"/proc/{pid}"):
+                notice = error_notice(stderr, pid)
+                self._notices[(notice.id, pid)] = notice
+                if notice.id == "data_wait_ptrace":
+                    self._refused_until[pid] = time.monotonic() + 60
+
+    def _next_worker(self, targets: dict[int, tuple[int, ...]]) -> int | None:
+        """New workers first (their arguments), then the one whose stack is the oldest."""
+        workers = [w for ws in targets.values() for w in ws]
+        with self._lock:
+            live = set(workers)
+            for gone in [p for p in self._workers if p not in live]:
+                del self._workers[gone]
+                self._dumped_at.pop(gone, None)
+            refused = {p for p, until in self._refused_until.items() if time.monotonic() < until}
+        owners = {w: t for t, ws in targets.items() for w in ws}
+        candidates = [w for w in workers if owners[w] not in refused]
+        if not candidates:
+            return None
+        return min(candidates, key=lambda w: self._dumped_at.get(w, float("-inf")))
+
+    def _dump(self, pid: int, now: float) -> None:
+        self._dumped_at[pid] = now
+        with self._lock:
+            known = self._workers.get(pid)
+        args = [self.pyspy, "dump", "--json", "--nonblocking", "--pid", str(pid)]
+        if known is None or known.worker_id is None:
+            args.insert(3, "--locals")
+        try:
+            out = subprocess.run(args, capture_output=True, text=True, timeout=5, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return
+        info = parse_dump(out.stdout, pid) if out.returncode == 0 else None
+        if info is None:
+            return
+        if known is not None and info.worker_id is None:
+            info = WorkerInfo(known.worker_id, known.num_workers, known.persistent_workers,
+                              known.dataset_class, info.doing)
+        with self._lock:
+            self._workers[pid] = info
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        proc.kill()
+        proc.wait(timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""

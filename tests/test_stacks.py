@@ -1,0 +1,211 @@
+"""Data wait and worker frames from py-spy: parsing of captured outputs, then live jobs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from jobs import loadertop
+from test_isolation import SYSTEM_PYTHON, _nobody_can_run_system_python, world_readable_loadertop  # noqa: F401
+from test_snapshot_cli import SCHEMA, only_trainer
+
+from loadertop.probes import stacks
+from loadertop.probes.stacks import MAIN, WAIT, classify_main, error_notice, parse_dump, parse_raw
+
+DATA = Path(__file__).parent / "data"
+# The PIDs the captured outputs were taken from: trainer with 2 workers, trainer with
+# num_workers=0, and worker 1 of the first.
+STARVED_PID, NO_WORKERS_PID, WORKER_PID = (int(p) for p in (DATA / "pids.txt").read_text().split())
+
+NEXT = "_BaseDataLoaderIter.__next__ (torch/utils/data/dataloader.py:725)"
+ROOT = ["<module> (train.py:10)", "main (train.py:40)"]
+
+
+def test_captured_record_of_a_starved_trainer():
+    counts = parse_raw((DATA / "record-starved-2-workers.txt").read_text(), STARVED_PID)
+    total = sum(counts.values())
+    assert total > 100
+    assert counts[WAIT] / total > 0.3  # blocked on workers most of the time
+    assert counts.get(MAIN, 0) < counts[WAIT]
+    assert {"forward", "backward", "optimizer"} <= set(counts)
+
+
+def test_captured_record_with_num_workers_0_is_main_process_work():
+    counts = parse_raw((DATA / "record-num-workers-0.txt").read_text(), NO_WORKERS_PID)
+    assert counts[MAIN] > 5 * counts.get(WAIT, 0)
+
+
+def test_other_threads_are_not_the_main_thread():
+    text = (DATA / "record-starved-2-workers.txt").read_text()
+    assert parse_raw(text, STARVED_PID + 999) == {}
+
+
+@pytest.mark.parametrize(
+    "tail,expected",
+    [
+        # waiting on the worker result queue
+        (["_MultiProcessingDataLoaderIter._try_get_data (torch/utils/data/dataloader.py:1291)",
+          "Queue.get (multiprocessing/queues.py:113)",
+          "Connection.poll (multiprocessing/connection.py:257)"], WAIT),
+        # pin_memory=True: waiting on the pin thread's queue.Queue
+        (["_MultiProcessingDataLoaderIter._try_get_data (torch/utils/data/dataloader.py:1291)",
+          "Queue.get (queue.py:180)", "Condition.wait (threading.py:331)"], WAIT),
+        # the fd hand-shake with the worker's resource sharer: blocked on the worker
+        (["Queue.get (multiprocessing/queues.py:122)",
+          "rebuild_storage_fd (torch/multiprocessing/reductions.py:538)",
+          "Connection._recv_bytes (multiprocessing/connection.py:430)"], WAIT),
+        # unpickling a large batch: work in the main process
+        (["Queue.get (multiprocessing/queues.py:122)",
+          "rebuild_storage_fd (torch/multiprocessing/reductions.py:540)"], MAIN),
+        # num_workers=0: the dataset runs in the main process
+        (["_SingleProcessDataLoaderIter._next_data (torch/utils/data/dataloader.py:785)",
+          "_MapDatasetFetcher.fetch (torch/utils/data/_utils/fetch.py:54)",
+          "Data.__getitem__ (data.py:9)"], MAIN),
+    ],
+)
+def test_data_wait_split(tail, expected):
+    assert classify_main([*ROOT, NEXT, *tail]) == expected
+
+
+@pytest.mark.parametrize(
+    "frames,expected",
+    [
+        (["Tensor.backward (torch/_tensor.py:623)", "backward (torch/autograd/__init__.py:395)"], "backward"),
+        (["SGD.step (torch/optim/sgd.py:127)"], "optimizer"),
+        (["Module._wrapped_call_impl (torch/nn/modules/module.py:1778)",
+          "Net.forward (model.py:5)"], "forward"),
+        (["synchronize (torch/cuda/__init__.py:1040)"], "device_sync"),
+        (["log (train.py:80)"], "other"),
+    ],
+)
+def test_rest_of_the_step(frames, expected):
+    assert classify_main([*ROOT, *frames]) == expected
+
+
+def test_captured_dump_gives_worker_arguments():
+    info = parse_dump((DATA / "dump-worker-locals.json").read_text(), WORKER_PID)
+    assert (info.worker_id, info.num_workers, info.persistent_workers) == (1, 2, True)
+    assert info.dataset_class == "MapData"
+    assert info.doing == "waiting for indices"
+
+
+def _frame(name, filename, line=1):
+    return {"name": name, "filename": filename, "short_filename": os.path.basename(filename), "line": line}
+
+
+def test_worker_doing_names_the_dataset_and_the_innermost_user_frame():
+    lib = "/usr/lib/python3.11/site-packages/torch/utils/data/_utils"
+    frames = [  # leaf first, as py-spy dumps them
+        _frame("Image.decode", "/usr/lib/python3.11/site-packages/PIL/Image.py"),
+        _frame("load_image", "/home/me/project/aug.py", 51),
+        _frame("Faces.__getitem__", "/home/me/project/data.py", 42),
+        _frame("_MapDatasetFetcher.fetch", f"{lib}/fetch.py"),
+        _frame("_worker_loop", f"{lib}/worker.py"),
+    ]
+    assert stacks.worker_doing(frames) == "Faces.__getitem__ > load_image (aug.py:51)"
+    assert stacks.worker_doing(frames[2:]) == "Faces.__getitem__ (data.py:42)"
+    collating = [_frame("default_collate", f"{lib}/collate.py"), *frames[3:]]
+    assert stacks.worker_doing(collating) == "collating"
+
+
+def test_permission_error_says_how_to_fix():
+    n = error_notice("Error: Permission Denied: Try running again with elevated permissions", os.getpid())
+    assert n.id == "data_wait_ptrace" and n.trainer_pid == os.getpid()
+    assert "SYS_PTRACE" in n.fix or "root" in n.fix
+
+
+# --- live -------------------------------------------------------------------------
+
+
+def _truth_fraction(truth: dict, seconds: float) -> float:
+    log = truth["log"]
+    end = log[-1]
+    start = next((e for e in log if e[0] >= end[0] - seconds), log[0])
+    return (end[1] - start[1]) / (end[2] - start[2])
+
+
+def _report(pid: int, duration: int = 8) -> dict:
+    import jsonschema
+
+    r = loadertop("snapshot", str(pid), "--duration", str(duration), "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    jsonschema.validate(report, SCHEMA)
+    return report
+
+
+def test_starved_job_reads_higher_than_healthy_and_near_its_truth(job):
+    starved = job("--workers", "1", "--persistent", "--item-ms", "12", "--batch-size", "8", "--step-ms", "10")
+    starved.wait_ready()
+    s_report = _report(starved.pid)
+    s_truth = _truth_fraction(starved.truth(), 8)
+    starved.kill()
+    healthy = job("--workers", "1", "--persistent", "--batch-size", "8", "--step-ms", "30")
+    healthy.wait_ready()
+    h_report = _report(healthy.pid)
+    h_truth = _truth_fraction(healthy.truth(), 8)
+
+    s, h = only_trainer(s_report), only_trainer(h_report)
+    assert s["data_wait_fraction"] is not None and h["data_wait_fraction"] is not None
+    assert s["data_wait_fraction"] > h["data_wait_fraction"] + 0.3
+    # Generous here: the tight accuracy figure lives in bench/data_wait_accuracy.py.
+    assert abs(s["data_wait_fraction"] - s_truth) < 0.15, (s["data_wait_fraction"], s_truth)
+    assert abs(h["data_wait_fraction"] - h_truth) < 0.15, (h["data_wait_fraction"], h_truth)
+    assert s["data_wait"]["samples"] >= 40
+    assert s["data_wait"]["worker_wait_fraction"] > s["data_wait"]["main_process_fraction"]
+    # The starved job's worker is busy in the dataset; the loader's arguments are read.
+    assert any("MapData.__getitem__" in (w["doing"] or "") for w in s["workers"])
+    assert [w["worker_id"] for w in s["workers"]] == [0]
+    assert s["loaders"] == [{"dataset_class": "MapData", "num_workers": 1, "persistent_workers": True,
+                             "worker_pids": [s["workers"][0]["pid"]]}]
+
+
+def test_worker_ids_match_the_dataloader(job):
+    j = job("--workers", "3", "--persistent", "--item-ms", "5", "--iterable")
+    j.wait_ready()
+    trainer = only_trainer(_report(j.pid, duration=5))
+    assert sorted(w["worker_id"] for w in trainer["workers"]) == [0, 1, 2]
+    assert trainer["loaders"][0]["num_workers"] == 3
+    assert trainer["loaders"][0]["dataset_class"] == "StreamData"
+
+
+def test_num_workers_0_is_main_process_bound(job):
+    j = job("--workers", "0", "--item-ms", "3", "--batch-size", "8", "--step-ms", "5")
+    j.wait_ready()
+    dw = only_trainer(_report(j.pid, duration=5))["data_wait"]
+    assert dw["main_process_fraction"] > 0.5 > dw["worker_wait_fraction"]
+
+
+def test_target_that_exits_mid_window_keeps_its_samples(job):
+    j = job("--workers", "1", "--persistent", "--item-ms", "12", "--duration", "5")
+    j.wait_ready()
+    trainer = only_trainer(_report(j.pid, duration=10))
+    assert trainer["status"] == "exited"
+    assert trainer["data_wait"] is not None and trainer["data_wait"]["samples"] > 5
+
+
+@pytest.mark.skipif(not _nobody_can_run_system_python(), reason="needs root, runuser and /usr/bin/python3")
+def test_unprivileged_run_gives_null_and_the_fix(job, world_readable_loadertop):  # noqa: F811
+    pyspy = stacks.find_pyspy()
+    assert pyspy, "py-spy is a dependency"
+    shutil.copy(pyspy, Path(world_readable_loadertop) / "py-spy")
+    os.chmod(Path(world_readable_loadertop) / "py-spy", 0o755)
+    j = job("--workers", "1", "--persistent", "--item-ms", "5")
+    j.wait_ready()
+    env = {"PYTHONPATH": world_readable_loadertop, "PATH": f"{world_readable_loadertop}:/usr/bin:/bin"}
+    r = subprocess.run(
+        [shutil.which("runuser"), "-u", "nobody", "--", SYSTEM_PYTHON, "-m", "loadertop", "snapshot",
+         str(j.pid), "--duration", "2", "--json"],
+        capture_output=True, text=True, timeout=60, env=env, cwd="/",
+    )
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    trainer = only_trainer(report)
+    assert trainer["data_wait_fraction"] is None
+    assert trainer["workers"][0]["cpu_percent"] is not None  # everything else still works
+    notice = next(n for n in report["notices"] if n["id"] == "data_wait_ptrace")
+    assert "another user" in notice["message"] and "root" in notice["fix"]
