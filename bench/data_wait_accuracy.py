@@ -56,12 +56,15 @@ class Job:
             return []
 
     def at(self, epoch: float) -> tuple[float, float, float]:
-        """(wait_s, elapsed_s, steps) interpolated at a wall-clock time."""
-        log = self.log()
-        for a, b in zip(log, log[1:]):
-            if a[0] <= epoch <= b[0]:
-                k = (epoch - a[0]) / (b[0] - a[0])
-                return tuple(a[i] + k * (b[i] - a[i]) for i in (1, 2, 3))  # type: ignore[return-value]
+        """(wait_s, elapsed_s, steps) interpolated at a wall-clock time (waits for the log)."""
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            log = self.log()
+            for a, b in zip(log, log[1:]):
+                if a[0] <= epoch <= b[0]:
+                    k = (epoch - a[0]) / (b[0] - a[0])
+                    return tuple(a[i] + k * (b[i] - a[i]) for i in (1, 2, 3))  # type: ignore[return-value]
+            time.sleep(0.2)
         raise ValueError("time outside the log")
 
     def truth(self, start: float, end: float) -> float:

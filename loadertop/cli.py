@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from . import __version__
 
 SUBCOMMANDS = ("snapshot", "demo")
+MONITOR_USAGE = "loadertop [PID ...] [--interval S] [--no-stacks]"
 
 
 class UsageError(Exception):
@@ -59,7 +60,58 @@ def _parser() -> argparse.ArgumentParser:
     snap.add_argument("--json", action="store_true", help="print the JSON report on stdout")
     snap.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE (.json)")
     snap.add_argument("--no-stacks", action="store_true", help="do not run py-spy (no data wait)")
+
+    demo = sub.add_parser("demo", help="start a built-in training job and watch it")
+    from .demo import SCENARIOS
+
+    demo.add_argument("--scenario", choices=sorted(SCENARIOS), default="starved",
+                      help="; ".join(f"{k}: {v[0]}" for k, v in SCENARIOS.items()))
+    demo.add_argument("--interval", type=_positive, default=1.0, help="seconds per tick (1)")
     return p
+
+
+def _monitor_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="loadertop", usage=MONITOR_USAGE,
+                description="Watch training jobs live; with no PID, pick one from a list.")
+    p.add_argument("pids", nargs="*", type=_pid, metavar="PID")
+    p.add_argument("--interval", type=_positive, default=1.0, help="seconds per tick (1)")
+    p.add_argument("--no-stacks", action="store_true", help="do not run py-spy (no data wait)")
+    return p
+
+
+def _run_tui(source, on_exit=None) -> int:
+    try:
+        from .tui.app import LoadertopApp
+    except ImportError as e:  # textual missing in a broken install
+        raise UsageError(f"the live view needs textual ({e}); pip install textual") from None
+    if not sys.stdout.isatty():
+        raise UsageError("the live view needs a terminal; use `loadertop snapshot PID --json` in scripts")
+    LoadertopApp(source, on_exit=on_exit).run()
+    return 0
+
+
+def cmd_monitor(args: argparse.Namespace) -> int:
+    if not args.pids:
+        return _run_tui(None)
+    _check_pids(args.pids)
+    from .tui.source import LiveSource
+
+    return _run_tui(LiveSource(args.pids, interval_s=args.interval, stacks=not args.no_stacks))
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import start_job, stop_job
+    from .tui.source import LiveSource
+
+    if not sys.stdout.isatty():
+        raise UsageError("the demo is a live view and needs a terminal (run it in a terminal or tmux)")
+    proc, note = start_job(args.scenario)
+    if note:
+        print(f"loadertop: {note}", file=sys.stderr)
+    try:
+        return _run_tui(LiveSource([proc.pid], interval_s=args.interval), on_exit=lambda: stop_job(proc))
+    finally:
+        stop_job(proc)
 
 
 def _check_pids(pids: Sequence[int]) -> None:
@@ -114,7 +166,12 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
         # One py-spy window spans the whole snapshot, so data wait covers the same time.
         stacks = StackSampler(window_s=max(1, int(args.duration)), rolling_s=args.duration + 60)
-    sampler = Sampler(args.pids, interval_s=args.interval, stacks=stacks)
+    from .probes.procs import ProcessSampler
+
+    # A snapshot is short and its report should be complete: it reads smaps (USS/PSS) four
+    # times as often as the live monitor, within a larger budget per tick.
+    processes = ProcessSampler(slow_interval_s=3.0, slow_budget_s=0.02)
+    sampler = Sampler(args.pids, interval_s=args.interval, stacks=stacks, processes=processes)
     history = History()
 
     def collect_last_window() -> None:
@@ -131,7 +188,12 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         sampler.close()
     if not len(history):
         raise UsageError("interrupted before the first sample; nothing to report")
-    text = to_json(build_report(list(history)))
+    from .rules import diagnose, thresholds
+
+    snapshots = list(history)
+    # A short snapshot is one window of evidence: it may hold a finding for half its length.
+    findings = diagnose(snapshots, hold_s=min(thresholds.HOLD_S, args.duration / 2))
+    text = to_json(build_report(snapshots, findings))
     if args.output:
         try:
             write_file(args.output, text)
@@ -155,10 +217,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The restore of SIGPIPE's default lets `loadertop snapshot --json | head` end quietly.
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
-        args = _parser().parse_args(argv)
-        if args.command == "snapshot":
-            return cmd_snapshot(args)
-        raise UsageError("the live view needs a sub-command for now: loadertop snapshot PID")
+        if argv and argv[0] in SUBCOMMANDS or argv[:1] in (["-h"], ["--help"], ["--version"]):
+            args = _parser().parse_args(argv)
+            if args.command == "snapshot":
+                return cmd_snapshot(args)
+            if args.command == "demo":
+                return cmd_demo(args)
+        if argv and not argv[0].startswith("-") and not argv[0].isdigit():
+            raise UsageError(f"unknown command {argv[0]!r}: use a PID, or one of {', '.join(SUBCOMMANDS)}")
+        return cmd_monitor(_monitor_parser().parse_args(argv))
     except UsageError as e:
         print(f"loadertop: {e}", file=sys.stderr)
         return 2

@@ -43,10 +43,12 @@ class Item:
         if cfg["sleep_ms"]:
             time.sleep(cfg["sleep_ms"] / 1000.0)
         if self.objects:
-            # Reading Python objects writes their refcounts: copy-on-read in workers.
-            step = max(1, len(self.objects) // 20000)
-            for j in range((i * 7919) % step, len(self.objects), step):
-                _ = self.objects[j]["id"]
+            # Reading Python objects writes their refcounts: copy-on-read in workers. Each
+            # item reads the next slice, so a worker's private memory grows steadily.
+            chunk = cfg["objects_per_item"]
+            start = (i * chunk) % len(self.objects)
+            for obj in self.objects[start : start + chunk]:
+                _ = obj["id"]
         if cfg["worker_threads"] > 1:
             if not self.threads_set:
                 torch.set_num_threads(cfg["worker_threads"])
@@ -115,6 +117,7 @@ def main(argv=None) -> int:
     p.add_argument("--step-ms", type=float, default=5.0, help="training step compute")
     p.add_argument("--tensor-kb", type=int, default=4, help="size of each sample")
     p.add_argument("--objects", type=int, default=0, help="Python objects the dataset holds")
+    p.add_argument("--objects-per-item", type=int, default=200, help="objects each item reads")
     p.add_argument("--worker-threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--matmuls", type=int, default=4)
     p.add_argument("--val-workers", type=int, default=0, help="a validation loader each epoch")

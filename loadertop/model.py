@@ -28,6 +28,9 @@ class HostSnapshot:
     mem_available_bytes: int | None
     load_avg: tuple[float, float, float]
     cpu_percent: float | None
+    # Every DataLoader worker on the machine, watched or not (a scan every few seconds).
+    dataloader_workers: int | None = None
+    dataloader_trainers: int | None = None
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,7 @@ class ProcessSample:
     pss_bytes: int | None
     memory_sampled_at: float | None  # when uss/pss were read
     threads: int | None
-    busy_threads: int | None  # threads above BUSY_THREAD_CPU over the slow window
+    busy_threads: int | None  # threads doing real work over the slow window (see probes.procs)
     runqueue_wait_s_per_s: float | None  # seconds its threads sat runnable, per second
     ctx_switches_voluntary_per_s: float | None
     ctx_switches_involuntary_per_s: float | None
@@ -160,10 +163,18 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class Finding:
+    """A diagnosis: what is wrong, the numbers that show it, and exactly what to change.
+
+    `evidence` and `change` are plain dicts for the report; treat them as read-only."""
+
     id: str
     severity: str  # info | warning | critical
     trainer_pid: int | None
     title: str
-    evidence: tuple[tuple[str, object], ...]
-    suggestion: str
-    change: tuple[tuple[str, object], ...] | None = None
+    evidence: dict = field(hash=False)
+    suggestion: str = ""
+    change: dict | None = field(default=None, hash=False)  # {"DataLoader": {"num_workers": 4}}
+
+    @property
+    def rank(self) -> int:
+        return {"critical": 2, "warning": 1}.get(self.severity, 0)

@@ -143,9 +143,9 @@ def finding_dict(f: Finding) -> dict:
         "severity": f.severity,
         "trainer_pid": f.trainer_pid,
         "title": f.title,
-        "evidence": dict(f.evidence),
+        "evidence": f.evidence,
         "suggestion": f.suggestion,
-        "change": dict(f.change) if f.change is not None else None,
+        "change": f.change,
     }
 
 

@@ -17,7 +17,7 @@ from .model import DataWait, Event, LoaderConfig, Notice, ProcessSample, Snapsho
 from .probes import procfs
 from .probes.gpu import GpuProbe
 from .probes.host import HostProbe, usable_cpus
-from .probes.procs import Discovery, Key, ProcessSampler, Tree, key_of
+from .probes.procs import Discovery, ExitWatch, Key, ProcessSampler, Tree, key_of
 from .probes.shm import read_shm
 from .probes.stacks import WorkerInfo
 from .redact import ENV_WHITELIST, redact_cmdline
@@ -113,6 +113,7 @@ class Sampler:
         self.processes = processes or ProcessSampler()
         self.gpu = gpu if gpu is not None else GpuProbe()
         self.stacks = stacks
+        self.exits = ExitWatch()
         self.jobs: list[_Job] = []
         for pid in pids:
             st = procfs.read_stat(pid)
@@ -140,6 +141,7 @@ class Sampler:
             trainers.extend(self._tick_job(job, now, mono, board, events, live, complete))
         self.processes.forget(live)
         self.discovery.forget(live)
+        self.exits.watch(k for k in live)
         if self.stacks is not None:
             self.stacks.watch(
                 {t.pid: tuple(w.pid for w in t.workers) for t in trainers if t.status == "running"}
@@ -225,7 +227,9 @@ class Sampler:
                     )
                 )
                 for wkey in state.workers:
-                    events.append(Event(now, "worker_exited", state.pid, wkey[0], "with its trainer"))
+                    code = self.exits.exit_code(wkey)
+                    detail = describe_exit(code) if code else "with its trainer"
+                    events.append(Event(now, "worker_exited", state.pid, wkey[0], detail, code))
             if state.last is not None:
                 out.append(self._exited_view(state.last, state.last_workers))
         return out
@@ -312,6 +316,8 @@ class Sampler:
             if wkey not in workers:
                 state.any_worker_exited = True
                 code = state.zombie_codes.get(wkey)
+                if code is None:
+                    code = self.exits.exit_code(wkey)
                 events.append(Event(now, "worker_exited", pid, wkey[0], describe_exit(code), code))
         state.zombie_codes = {k: v for k, v in state.zombie_codes.items() if k[0] in tree.stats}
         state.workers = workers
@@ -429,6 +435,7 @@ class Sampler:
         return replace(t, gpus=used)
 
     def close(self) -> None:
+        self.exits.close()
         self.gpu.close()
         if self.stacks is not None:
             self.stacks.close()

@@ -174,10 +174,11 @@ def test_worker_ids_match_the_dataloader(job):
 
 
 def test_num_workers_0_is_main_process_bound(job):
-    j = job("--workers", "0", "--item-ms", "3", "--batch-size", "8", "--step-ms", "5")
+    j = job("--workers", "0", "--item-ms", "6", "--batch-size", "8", "--step-ms", "5")
     j.wait_ready()
     dw = only_trainer(_report(j.pid, duration=5))["data_wait"]
-    assert dw["main_process_fraction"] > 0.5 > dw["worker_wait_fraction"]
+    # ~90% on an idle machine; a busy CI machine slows the step as much as the loading.
+    assert dw["main_process_fraction"] > 0.3 and dw["main_process_fraction"] > 5 * dw["worker_wait_fraction"]
 
 
 def test_target_that_exits_mid_window_keeps_its_samples(job):

@@ -1,0 +1,81 @@
+"""`loadertop demo`: start the built-in training job in a scenario and watch it.
+
+The job runs as our child in its own session, with the kernel told to kill it if loadertop
+dies (PR_SET_PDEATHSIG); quitting kills its whole process group, workers included.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+SCENARIOS = {
+    "starved": ("one worker for an expensive __getitem__: input-bound",
+                ["--workers", "1", "--item-ms", "25", "--batch-size", "8", "--step-ms", "10", "--persistent"]),
+    "healthy": ("cheap items, the loop computes: no findings",
+                ["--workers", "1", "--batch-size", "8", "--step-ms", "30", "--persistent"]),
+    "threads": ("workers run torch thread pools: oversubscribed",
+                ["--workers", "2", "--worker-threads", "8", "--matmuls", "6", "--batch-size", "2", "--persistent"]),
+    "churn": ("short epochs without persistent_workers: workers re-created",
+              ["--workers", "2", "--epoch-items", "32", "--batch-size", "8", "--step-ms", "20"]),
+    "shm": ("large batches in a 64 MB /dev/shm (Docker's default): shm pressure",
+            ["--workers", "2", "--tensor-kb", "1024", "--batch-size", "8", "--step-ms", "300", "--persistent"]),
+    "memory": ("workers read millions of Python objects: copy-on-read growth",
+               ["--workers", "2", "--objects", "3000000", "--objects-per-item", "150", "--item-ms", "10",
+                "--batch-size", "4", "--step-ms", "5", "--persistent"]),
+}
+SHM_SIZE = 64 * 2**20
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _small_shm_wrapper() -> list[str] | None:
+    """unshare + a 64 MB tmpfs on /dev/shm, as in a default Docker container (root only)."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return None
+    script = f'mount -t tmpfs -o size={SHM_SIZE} tmpfs /dev/shm && exec "$0" "$@"'
+    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                            "mount -t tmpfs -o size=1m tmpfs /dev/shm"], capture_output=True)
+    if probe.returncode != 0:
+        return None
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", script]
+
+
+def start_job(scenario: str, duration_s: float = 24 * 3600) -> tuple[subprocess.Popen, str | None]:
+    _, flags = SCENARIOS[scenario]
+    cmd = [sys.executable, "-m", "loadertop.demo_job", *flags, "--duration", str(duration_s)]
+    note = None
+    if scenario == "shm":
+        wrapper = _small_shm_wrapper()
+        if wrapper:
+            cmd = wrapper + cmd
+        else:
+            note = "not root: the shm scenario runs with this machine's /dev/shm and may not fill it"
+    log = tempfile.NamedTemporaryFile(prefix="loadertop-demo-", suffix=".log", delete=False)  # noqa: SIM115
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True, preexec_fn=_die_with_parent)
+    log.close()
+    return proc, note
+
+
+def stop_job(proc: subprocess.Popen) -> None:
+    """Kill the job's process group (trainer and workers) and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass

@@ -1,0 +1,91 @@
+"""The Markdown report: for an issue or a pull request. Rendered from the JSON report dict,
+so the two never disagree."""
+
+from __future__ import annotations
+
+from .fields import human_bytes
+from .verdict import verdict_of_report
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{x:.0%}"
+
+
+def _num(x, fmt="{:.0f}") -> str:
+    return "n/a" if x is None else fmt.format(x)
+
+
+def render(report: dict) -> str:
+    lines: list[str] = []
+    host = report["host"]
+    lines.append(f"# loadertop report: {verdict_of_report(report)}")
+    lines.append("")
+    lines.append(
+        f"{report['created_at']} on `{host['hostname']}`, {report['duration_s']:.0f} s sampled, "
+        f"{host['cpu_count']} CPUs ({_num(host['usable_cpus'])} usable), load {host['load_avg'][0]:.2f}"
+    )
+    lines.append("")
+    if report["findings"]:
+        lines.append("## Findings")
+        lines.append("")
+        for f in report["findings"]:
+            lines.append(f"- **{f['severity'].upper()} `{f['id']}`** (trainer {f['trainer_pid']}): {f['title']}")
+            lines.append(f"  - Change: {f['suggestion']}")
+            if f["change"]:
+                lines.append(f"  - As config: `{f['change']}`")
+            evidence = ", ".join(f"{k}={v}" for k, v in f["evidence"].items() if v is not None)
+            lines.append(f"  - Evidence: {evidence}")
+        lines.append("")
+    else:
+        lines.append("No findings.")
+        lines.append("")
+    for t in report["trainers"]:
+        rank = f", rank {t['rank']}" if t["rank"] is not None else ""
+        lines.append(f"## Trainer {t['pid']}{rank} ({t['status']})")
+        lines.append("")
+        lines.append(f"`{' '.join(t['cmdline'])[:300]}`")
+        lines.append("")
+        dw = t.get("data_wait") or {}
+        shm = t.get("shm") or {}
+        lines.append("| figure | value |")
+        lines.append("|---|---|")
+        lines.append(f"| data wait | {_pct(t['data_wait_fraction'])} "
+                     f"({_num(dw.get('samples'))} samples over {_num(dw.get('window_s'))} s) |")
+        if dw:
+            lines.append(f"| of which blocked on workers / main-process work | "
+                         f"{_pct(dw.get('worker_wait_fraction'))} / {_pct(dw.get('main_process_fraction'))} |")
+        lines.append(f"| usable CPUs | {_num(t['usable_cpus'])} |")
+        lines.append(f"| workers | {len(t['workers'])}, respawns {t['worker_respawns']} |")
+        lines.append(f"| pin-memory thread | {t['pin_memory_thread']} |")
+        if shm:
+            lines.append(f"| /dev/shm | {human_bytes(shm.get('used_bytes'))} of {human_bytes(shm.get('total_bytes'))}"
+                         f" (peak {human_bytes(shm.get('peak_used_bytes'))}) |")
+        for g in t["gpus"]:
+            lines.append(f"| GPU {g['index']} | {_num(g['utilization_percent'])}% utilization |")
+        env = ", ".join(f"{k}={v}" for k, v in t["env"].items())
+        if env:
+            lines.append(f"| environment | {env} |")
+        lines.append("")
+        lines.append("| worker | pid | CPU % | USS | RSS | threads | ctx sw/s | state | doing |")
+        lines.append("|---|---|---|---|---|---|---|---|---|")
+        for label, p in [("main", t["main"])] + [
+            (f"w{w['worker_id']}" if w["worker_id"] is not None else "w?", w) for w in t["workers"]
+        ]:
+            csw = None
+            if p["ctx_switches_voluntary_per_s"] is not None:
+                csw = p["ctx_switches_voluntary_per_s"] + (p["ctx_switches_involuntary_per_s"] or 0)
+            lines.append(
+                f"| {label} | {p['pid']} | {_num(p['cpu_percent'], '{:.1f}')} | {human_bytes(p['uss_bytes'])} "
+                f"| {human_bytes(p['rss_bytes'])} | {_num(p['threads'])} | {_num(csw)} | {p['status']} "
+                f"| {(p.get('doing') or '').replace('|', '/')} |"
+            )
+        lines.append("")
+    if report["notices"]:
+        lines.append("## What could not be measured")
+        lines.append("")
+        for n in report["notices"]:
+            fix = f" Fix: {n['fix']}" if n.get("fix") else ""
+            lines.append(f"- {n['message']}.{fix}")
+        lines.append("")
+    lines.append(f"_Written by loadertop ({report['schema']})._")
+    return "\n".join(lines) + "\n"

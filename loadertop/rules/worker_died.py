@@ -1,0 +1,28 @@
+"""worker_died: a worker was killed or failed (not the normal end of an epoch)."""
+
+from __future__ import annotations
+
+from .base import CRITICAL, FINE, Check, Context, finding
+
+
+def check(ctx: Context) -> Check:
+    deaths = [e for e in ctx.events("worker_exited") if e.exit_code not in (None, 0)]
+    if not deaths:
+        return FINE
+    e = deaths[-1]
+    killed = e.exit_code & 0x7F
+    how = e.detail or f"exit code {e.exit_code}"
+    check_what = (
+        "the kernel OOM killer (dmesg | grep -i oom) and the job's memory limit: lower batch "
+        "size or num_workers, or share less per worker"
+        if killed == 9
+        else "the worker's traceback in the training log"
+    )
+    return Check(CRITICAL, finding(
+        "worker_died", CRITICAL, ctx,
+        f"worker {e.pid} died ({how})",
+        {"worker_pid": e.pid, "exit_code": e.exit_code, "signal": killed or None, "when": e.time,
+         "deaths": len(deaths)},
+        f"check {check_what}; the DataLoader raises in the trainer when a worker dies",
+        None,
+    ), immediate=True)

@@ -1,0 +1,64 @@
+"""worker_memory_growth: copy-on-read; workers' private memory grows while RSS stays flat."""
+
+from __future__ import annotations
+
+from statistics import fmean
+
+from . import thresholds as T
+from .base import CRITICAL, FINE, UNKNOWN, WARNING, Check, Context, finding
+
+
+def _fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares slope (per second) and R² of y over t."""
+    n = len(points)
+    mt = sum(t for t, _ in points) / n
+    my = sum(y for _, y in points) / n
+    stt = sum((t - mt) ** 2 for t, _ in points)
+    syy = sum((y - my) ** 2 for _, y in points)
+    sty = sum((t - mt) * (y - my) for t, y in points)
+    if stt == 0 or syy == 0:
+        return 0.0, 0.0
+    return sty / stt, sty * sty / (stt * syy)
+
+
+def check(ctx: Context) -> Check:
+    history = ctx.timed_history(600.0)
+    per_worker: dict[int, dict[float, float]] = {}
+    for _, t in history:
+        for w in t.workers:
+            if w.memory_sampled_at is not None and w.uss_bytes is not None:
+                # One point per smaps reading, not per tick.
+                per_worker.setdefault(w.pid, {})[w.memory_sampled_at] = float(w.uss_bytes)
+    fits = []
+    for points in per_worker.values():
+        if len(points) >= 4 and max(points) - min(points) >= T.MEMORY_GROWTH_MIN_WINDOW_S:
+            fits.append(_fit(sorted(points.items())))
+    if not fits:
+        return UNKNOWN
+    span = max(max(p) - min(p) for p in per_worker.values())
+    slope = fmean(f[0] for f in fits)  # bytes per second of one worker
+    fit = min(f[1] for f in fits)
+    per_min = slope * 60
+    if per_min < T.MEMORY_GROWTH_MIN_BYTES_PER_MIN or fit < T.MEMORY_GROWTH_MIN_FIT:
+        return FINE
+    rss = [(when, fmean(w.rss_bytes for w in t.workers)) for when, t in history
+           if t.workers and all(w.rss_bytes is not None for w in t.workers)]
+    rss_slope = _fit(rss)[0] if len(rss) >= 2 else 0.0
+    if rss_slope > 0.5 * slope:
+        return FINE  # RSS grows as fast: real allocation, not copy-on-read
+    n = max(1, len(ctx.trainer.workers))
+    available = ctx.snap.host.mem_available_bytes
+    hours = available / (slope * n) / 3600 if available and slope > 0 else None
+    level = CRITICAL if hours is not None and hours < T.MEMORY_GROWTH_CRITICAL_HOURS else WARNING
+    return Check(level, finding(
+        "worker_memory_growth", level, ctx,
+        f"each worker's private memory grows {per_min / 2**20:.1f} MiB/min while RSS stays flat"
+        + (f"; memory runs out in ~{hours:.1f} h" if hours is not None else ""),
+        {"uss_growth_bytes_per_min_per_worker": per_min, "fit_r2": fit, "workers": n,
+         "rss_growth_bytes_per_min": rss_slope * 60, "window_s": span, "hours_to_oom": hours,
+         "mem_available_bytes": available},
+        "copy-on-read: reading Python objects (lists, dicts of paths or labels) in workers "
+        "touches their refcounts and copies the pages. Keep dataset metadata in numpy arrays, "
+        "pyarrow tables or one bytes blob instead of lists and dicts of Python objects",
+        None,
+    ), span_s=span)  # the fit already covers its window

@@ -1,0 +1,237 @@
+"""The live TUI. Sampling runs in a thread worker; it never overlaps itself, and it hands
+the UI only the latest snapshot: when the UI falls behind, stale snapshots are dropped."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.message import Message
+from textual.widgets import Footer
+
+from ..model import Finding, Snapshot
+from .widgets.panels import EventsPanel, FindingsPanel, HeaderPanel, HistoryPanel, OverviewPanel
+from .widgets.workers import WorkersTable
+
+COMPACT_HEIGHT = 30
+INTERVALS = (0.5, 1.0, 2.0, 5.0, 10.0)
+
+
+class Tick(Message):
+    """A new snapshot is waiting in the app's latest slot."""
+
+
+class SourceEnded(Message):
+    """A scripted stream has no more snapshots."""
+
+
+class LoadertopApp(App):
+    CSS_PATH = "loadertop.tcss"
+    TITLE = "loadertop"
+    BINDINGS = [
+        Binding("q", "quit", "quit"),
+        Binding("question_mark", "help", "help"),
+        Binding("p", "pause", "pause"),
+        Binding("s", "save", "save report"),
+        Binding("plus,equals_sign", "slower", "+ interval", show=False),
+        Binding("minus", "faster", "- interval", show=False),
+        Binding("tab", "next_trainer", "next trainer", priority=True),
+        Binding("o", "sort", "sort"),
+    ] + [Binding(str(i), f"select({i - 1})", show=False) for i in range(1, 10)]
+
+    def __init__(self, source=None, save_dir: str | Path = ".", on_exit=None, gpu=None) -> None:
+        super().__init__()
+        self.source = source
+        self.save_dir = Path(save_dir)
+        self.on_exit_callback = on_exit
+        self._gpu = gpu
+        self.history: deque[Snapshot] = deque(maxlen=3600)
+        self.findings: list[Finding] = []
+        self.snapshot: Snapshot | None = None
+        self.selected = 0
+        self.paused = False
+        self.ended = False
+        self._latest: tuple[Snapshot, list[Finding]] | None = None
+        self._latest_lock = threading.Lock()
+        self._tick_pending = False
+        self._stop = threading.Event()
+        self.ticks_shown = 0
+
+    def compose(self) -> ComposeResult:
+        yield HeaderPanel(id="header")
+        yield HistoryPanel(id="history")
+        yield OverviewPanel(id="overview")
+        yield WorkersTable(id="workers")
+        yield FindingsPanel(id="findings")
+        yield EventsPanel(id="events")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._fit_to_size()
+        if self.source is None:
+            from .screens.discover import DiscoverScreen
+
+            self.push_screen(DiscoverScreen())
+        else:
+            self.sample()
+
+    def attach(self, pids: list[int]) -> None:
+        from .source import LiveSource
+
+        self.source = LiveSource(pids)
+        self.pop_screen()
+        self.sample()
+
+    def gpu_pids(self) -> list[int]:
+        from ..probes.gpu import GpuProbe
+
+        probe = self._gpu or GpuProbe()
+        gpus, _ = probe.sample()
+        return [p for g in gpus for p in g.process_pids]
+
+    # --- sampling (a thread worker) ------------------------------------------------
+
+    @work(thread=True, exclusive=True, group="sampler")
+    def sample(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            if not self.paused:
+                result = self.source.next()
+                if result is None:
+                    self.post_message(SourceEnded())
+                    return
+                with self._latest_lock:
+                    self._latest = result
+                    pending, self._tick_pending = self._tick_pending, True
+                if not pending:  # the UI has not taken the previous one: it will take this one
+                    self.post_message(Tick())
+            self._stop.wait(max(0.0, self.source.interval_s - (time.monotonic() - started)))
+
+    def on_tick(self, _: Tick) -> None:
+        with self._latest_lock:
+            latest, self._latest = self._latest, None
+            self._tick_pending = False
+        if latest is None:
+            return
+        snap, findings = latest
+        self.snapshot = snap
+        self.findings = findings
+        self.history.append(snap)
+        self.query_one(HistoryPanel).record(snap)
+        self.query_one(EventsPanel).record(snap)
+        for e in snap.events:
+            if e.kind == "trainer_exited":
+                self.notify(f"trainer {e.pid} exited; its last data stays on screen (s saves a report)",
+                            severity="warning", timeout=8)
+        self.refresh_view()
+        self.ticks_shown += 1
+
+    def on_source_ended(self, _: SourceEnded) -> None:
+        self.ended = True
+
+    def refresh_view(self) -> None:
+        snap = self.snapshot
+        if snap is None:
+            return
+        trainers = snap.trainers
+        self.selected = min(self.selected, max(0, len(trainers) - 1))
+        trainer = trainers[self.selected] if trainers else None
+        self.query_one(HeaderPanel).render_for(snap, trainer, self.findings, self.paused,
+                                               getattr(self.source, "live", True), self.selected, len(trainers))
+        self.query_one(HistoryPanel).render_for(snap, trainer)
+        self.query_one(OverviewPanel).render_for(snap, self.findings, self.selected)
+        self.query_one(WorkersTable).show(trainer, snap.time)
+        notices = [n for n in snap.notices if trainer is None or n.trainer_pid in (None, trainer.pid)]
+        self.query_one(FindingsPanel).render_for(trainer, self.findings, notices)
+        self.query_one(EventsPanel).render_for(trainer)
+
+    # --- layout ----------------------------------------------------------------------
+
+    def on_resize(self, _) -> None:
+        self._fit_to_size()
+
+    def _fit_to_size(self) -> None:
+        self.screen.set_class(self.size.height < COMPACT_HEIGHT, "compact")
+
+    # --- actions ---------------------------------------------------------------------
+
+    def action_help(self) -> None:
+        from .screens.help import HelpScreen
+
+        self.push_screen(HelpScreen())
+
+    def action_pause(self) -> None:
+        self.paused = not self.paused
+        self.notify("paused: the screen keeps the last data" if self.paused else "sampling again")
+        self.refresh_view()
+
+    def action_next_trainer(self) -> None:
+        if self.snapshot and self.snapshot.trainers:
+            self.selected = (self.selected + 1) % len(self.snapshot.trainers)
+            self.refresh_view()
+
+    def action_select(self, index: int) -> None:
+        if self.snapshot and index < len(self.snapshot.trainers):
+            self.selected = index
+            self.refresh_view()
+
+    def action_sort(self) -> None:
+        order = self.query_one(WorkersTable).next_sort()
+        self.notify(f"workers sorted by {order}")
+        self.refresh_view()
+
+    def _set_interval(self, step: int) -> None:
+        if self.source is None:
+            return
+        current = self.source.interval_s
+        i = min(range(len(INTERVALS)), key=lambda k: abs(INTERVALS[k] - current))
+        self.source.interval_s = INTERVALS[max(0, min(len(INTERVALS) - 1, i + step))]
+        self.notify(f"sampling every {self.source.interval_s:g} s")
+
+    def action_slower(self) -> None:
+        self._set_interval(+1)
+
+    def action_faster(self) -> None:
+        self._set_interval(-1)
+
+    def action_save(self) -> None:
+        path = self.save_report()
+        if path:
+            self.notify(f"report saved: {path}.json and {path}.md", timeout=10)
+
+    def save_report(self) -> str | None:
+        """JSON + Markdown of the recent history; a write error is a notification, and the
+        monitor keeps everything it sampled."""
+        from .. import report, report_md
+
+        if not self.history:
+            self.notify("nothing sampled yet", severity="warning")
+            return None
+        snaps = list(self.history)[-300:]
+        data = report.build_report(snaps, self.findings)
+        pid = snaps[-1].jobs[0] if snaps[-1].jobs else "host"
+        stem = self.save_dir / f"loadertop-{pid}-{time.strftime('%Y%m%d-%H%M%S')}"
+        try:
+            report.write_file(f"{stem}.json", report.to_json(data))
+            report.write_file(f"{stem}.md", report_md.render(data))
+        except OSError as e:
+            self.notify(f"cannot save in {self.save_dir}: {e.strerror} (start loadertop in a writable folder)",
+                        severity="error", timeout=10)
+            return None
+        return str(stem)
+
+    async def action_quit(self) -> None:
+        self._stop.set()
+        self.exit()
+
+    def on_unmount(self) -> None:
+        self._stop.set()
+        if self.source is not None:
+            self.source.close()
+        if self.on_exit_callback is not None:
+            self.on_exit_callback()

@@ -1,0 +1,39 @@
+"""No PID given: list the training processes on this machine; Enter attaches."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Static
+
+from ...discover import find_trainers
+
+
+class DiscoverScreen(Screen):
+    BINDINGS = [("q", "app.quit", "quit"), ("r", "refresh", "refresh")]
+
+    def compose(self) -> ComposeResult:
+        yield Static(" [b]loadertop[/b]  training processes on this machine: Enter attaches, r refreshes",
+                     id="discover-title")
+        yield DataTable(cursor_type="row", id="trainers")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        for column in ("PID", "WORKERS", "GPU", "USER", "COMMAND"):
+            table.add_column(column)
+        self.action_refresh()
+
+    def action_refresh(self) -> None:
+        table = self.query_one(DataTable)
+        table.clear()
+        found = find_trainers(self.app.gpu_pids())
+        for t in found:
+            table.add_row(str(t.pid), str(t.workers), "yes" if t.on_gpu else "", t.user, t.command[:100],
+                          key=str(t.pid))
+        if not found:
+            table.add_row("-", "-", "", "", "no process with DataLoader workers or a GPU context found (r: refresh)")
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        if event.row_key.value and event.row_key.value.isdigit():
+            self.app.attach([int(event.row_key.value)])

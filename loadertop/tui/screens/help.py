@@ -1,0 +1,36 @@
+"""? : the keys, and what each column means (from loadertop.fields)."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+from ...fields import TRAINER_FIELDS, WORKER_FIELDS
+
+KEYS = (
+    ("q", "quit (the job keeps running; `loadertop demo` stops its own job)"),
+    ("?", "this help"),
+    ("p", "pause / resume sampling"),
+    ("s", "save a snapshot report (JSON and Markdown) in the current folder"),
+    ("+ / -", "slower / faster sampling"),
+    ("tab, 1-9", "next trainer / trainer N"),
+    ("o", "sort workers by id, CPU, USS, RSS"),
+)
+
+
+class HelpScreen(ModalScreen):
+    BINDINGS = [("escape,q,question_mark", "app.pop_screen", "close")]
+
+    def compose(self) -> ComposeResult:
+        lines = ["[b]Keys[/b]"]
+        lines += [f"  [b]{k:<9}[/b] {v}" for k, v in KEYS]
+        lines += ["", "[b]Workers table[/b]"]
+        lines += [f"  [b]{f.header:<7}[/b] {f.help}" for f in WORKER_FIELDS]
+        lines += ["", "[b]Header and history[/b]"]
+        lines += [f"  [b]{f.header:<9}[/b] {f.help}" for f in TRAINER_FIELDS]
+        lines += ["", "Findings say what to change; `n/a` values come with a notice saying why.",
+                  "Full reference: docs/RULES.md.  Press escape to close."]
+        with VerticalScroll(id="help-body"):
+            yield Static("\n".join(lines))

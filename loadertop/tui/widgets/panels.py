@@ -1,0 +1,194 @@
+"""The text panels: header with the verdict, history sparklines and bars, the trainers
+overview, findings and events. Each re-renders only when its text changed."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import deque
+
+from rich.text import Text
+from textual.widgets import Static
+
+from ...fields import human_age, human_bytes
+from ...model import Event, Finding, Snapshot, TrainerSnapshot
+from ...verdict import verdict
+
+BLOCKS = " ▁▂▃▄▅▆▇█"
+
+
+def sparkline(values, width: int) -> str:
+    values = list(values)[-width:]
+    out = []
+    for v in values:
+        out.append("·" if v is None else BLOCKS[min(8, max(0, round(v * 8)))])
+    return "".join(out).rjust(width)
+
+
+def bar(fraction: float | None, width: int) -> str:
+    if fraction is None:
+        return "n/a".ljust(width)
+    filled = round(min(1.0, max(0.0, fraction)) * width)
+    return "█" * filled + "░" * (width - filled)
+
+
+class Panel(Static):
+    """A Static that skips updates that would not change what is on screen."""
+
+    _last: str | None = None
+
+    def show(self, content: Text | str) -> None:
+        plain = content.plain if isinstance(content, Text) else content
+        key = plain + (content.markup if isinstance(content, Text) else "")
+        if key != self._last:
+            self._last = key
+            self.update(content)
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.0%}"
+
+
+class HeaderPanel(Panel):
+    def render_for(self, snap: Snapshot, trainer: TrainerSnapshot | None, findings: list[Finding],
+                   paused: bool, live: bool, index: int, count: int) -> None:
+        width = max(40, self.size.width or 80)
+        top = Text()
+        top.append(" loadertop ", style="bold reverse")
+        if trainer is None:
+            top.append("  waiting for a trainer…")
+            self.show(top)
+            return
+        rank = f"  rank {trainer.rank}/{trainer.world_size}" if trainer.rank is not None else ""
+        which = f"  trainer {index + 1}/{count}" if count > 1 else ""
+        tail = f"  up {human_age(snap.time - trainer.started_at)}  {trainer.usable_cpus or '?'} CPUs usable{which}"
+        top.append(f" pid {trainer.pid}{rank}  ")
+        room = width - len(top.plain) - len(tail)
+        cmd = " ".join(trainer.cmdline)
+        if room > 8:
+            top.append(cmd if len(cmd) <= room else cmd[: room - 1] + "…", style="dim")
+        top.append(tail)
+        line = Text()
+        word, colour = verdict(trainer, findings)
+        line.append(f" {word} ", style=f"bold reverse {colour}")
+        dw = trainer.data_wait
+        line.append(f"  data wait {_pct(dw.fraction if dw else None)}")
+        util = [g.utilization_percent for g in snap.gpus if g.index in trainer.gpus]
+        if util and util[0] is not None:
+            line.append(f"   GPU{trainer.gpus[0]} {util[0]:.0f}%")
+        shm = trainer.shm
+        if shm and shm.total_bytes:
+            line.append(f"   shm {(shm.used_bytes or 0) / shm.total_bytes:.0%} of {human_bytes(shm.total_bytes)}")
+        if snap.host.cpu_percent is not None:
+            line.append(f"   host CPU {snap.host.cpu_percent:.0f}%")
+        if paused:
+            line.append("   PAUSED", style="bold yellow")
+        if not live:
+            line.append("   REPLAY", style="bold cyan")
+        top.truncate(width)
+        line.truncate(width)
+        self.show(Text("\n").join([top, line]))
+
+
+class HistoryPanel(Panel):
+    """Data wait and GPU sparklines over the last minutes; host CPU and shm bars."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.wait: dict[int, deque] = {}
+        self.gpu: dict[int, deque] = {}
+        self.cpu: deque = deque(maxlen=300)
+
+    def record(self, snap: Snapshot) -> None:
+        self.cpu.append(None if snap.host.cpu_percent is None else snap.host.cpu_percent / 100)
+        for t in snap.trainers:
+            dw = t.data_wait
+            self.wait.setdefault(t.pid, deque(maxlen=300)).append(dw.fraction if dw else None)
+            util = [g.utilization_percent for g in snap.gpus if g.index in t.gpus]
+            value = util[0] / 100 if util and util[0] is not None else None
+            self.gpu.setdefault(t.pid, deque(maxlen=300)).append(value)
+
+    def render_for(self, snap: Snapshot, trainer: TrainerSnapshot | None) -> None:
+        width = max(10, (self.size.width or 80) // 2 - 22)
+        t = Text()
+        if trainer is not None:
+            waits = self.wait.get(trainer.pid, ())
+            last = next((v for v in reversed(waits) if v is not None), None)
+            t.append(" data wait ")
+            t.append(sparkline(waits, width), style="red")
+            t.append(f" {_pct(last)}".ljust(6))
+            gpus = self.gpu.get(trainer.pid, ())
+            if any(v is not None for v in gpus):
+                t.append("  GPU ")
+                t.append(sparkline(gpus, width), style="green")
+            t.append("\n")
+        t.append(" host CPU  ")
+        t.append(bar(self.cpu[-1] if self.cpu else None, width), style="blue")
+        if trainer is not None and trainer.shm and trainer.shm.total_bytes:
+            used = (trainer.shm.used_bytes or 0) / trainer.shm.total_bytes
+            t.append(f" {_pct(self.cpu[-1] if self.cpu else None)}".ljust(6))
+            t.append("  shm ")
+            t.append(bar(used, width), style="magenta")
+            t.append(f" {human_bytes(trainer.shm.used_bytes)}/{human_bytes(trainer.shm.total_bytes)}")
+        self.show(t)
+
+
+class OverviewPanel(Panel):
+    """One row per trainer when several are watched."""
+
+    def render_for(self, snap: Snapshot, findings: list[Finding], selected: int) -> None:
+        if len(snap.trainers) < 2:
+            self.display = False
+            return
+        self.display = True
+        t = Text()
+        for i, tr in enumerate(snap.trainers):
+            word, colour = verdict(tr, findings)
+            marker = "▶" if i == selected else " "
+            rank = f"rank {tr.rank}" if tr.rank is not None else f"job {tr.job_pid}"
+            dw = tr.data_wait.fraction if tr.data_wait else None
+            t.append(f"{marker}{i + 1} pid {tr.pid:<8} {rank:<9} {len(tr.workers):>3} workers  "
+                     f"wait {_pct(dw):>4}  ")
+            t.append(word, style=f"bold {colour}")
+            t.append("\n")
+        self.show(t)
+
+
+class FindingsPanel(Panel):
+    def render_for(self, trainer: TrainerSnapshot | None, findings: list[Finding], notices) -> None:
+        t = Text()
+        mine = [f for f in findings if trainer is None or f.trainer_pid in (None, trainer.pid)]
+        t.append(" FINDINGS", style="bold")
+        if not mine:
+            waiting = trainer is not None and trainer.data_wait is None
+            t.append("  none" + (" yet (data wait needs a few seconds)" if waiting else ""), style="dim")
+        for f in mine:
+            style = {"critical": "bold red", "warning": "bold yellow"}.get(f.severity, "")
+            t.append("\n ! " if f.severity != "info" else "\n   ", style=style)
+            t.append(f"{f.id:<19}", style=style)
+            t.append(f.title)
+            t.append(f"\n   {'':<19}")
+            t.append(f.suggestion, style="green")
+        shown = [n for n in notices if n.id not in ("no_gpu",)][:2]
+        for n in shown:
+            t.append(f"\n   n/a: {n.message}", style="dim")
+        self.show(t)
+
+
+class EventsPanel(Panel):
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.events: deque[Event] = deque(maxlen=200)
+
+    def record(self, snap: Snapshot) -> None:
+        self.events.extend(snap.events)
+
+    def render_for(self, trainer: TrainerSnapshot | None, lines: int = 3) -> None:
+        mine = [e for e in self.events if trainer is None or e.trainer_pid == trainer.pid]
+        t = Text(" EVENTS", style="bold")
+        for e in mine[-lines:]:
+            when = dt.datetime.fromtimestamp(e.time).strftime("%H:%M:%S")
+            what = e.kind.replace("_", " ")
+            detail = f" ({e.detail})" if e.detail and e.kind != "trainer_found" else ""
+            style = "red" if e.exit_code not in (None, 0) or e.kind == "trainer_exited" else ""
+            t.append(f"\n {when} {what} {e.pid}{detail}", style=style)
+        self.show(t)

@@ -1,0 +1,144 @@
+"""Diagnosis on real workloads that provoke each CPU-side rule, and a healthy job that must
+provoke none."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+from jobs import PYTHON, loadertop, wait_for, worker_pids
+from test_isolation import _can_unshare
+from test_snapshot_cli import SCHEMA
+
+
+def report(*pids: int, duration: float = 10, interval: float = 0.5, stacks: bool = True) -> dict:
+    import jsonschema
+
+    args = ["snapshot", *map(str, pids), "--duration", str(duration), "--interval", str(interval), "--json"]
+    r = loadertop(*args, *([] if stacks else ["--no-stacks"]))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    jsonschema.validate(out, SCHEMA)
+    return out
+
+
+def findings(rep: dict) -> dict[str, dict]:
+    return {f["id"]: f for f in rep["findings"]}
+
+
+def test_starved_job_is_input_bound(job):
+    j = job("--workers", "1", "--persistent", "--item-ms", "25", "--batch-size", "8", "--step-ms", "10")
+    j.wait_ready()
+    f = findings(report(j.pid))
+    assert "input_bound" in f, f
+    assert f["input_bound"]["severity"] == "critical"
+    assert f["input_bound"]["evidence"]["data_wait_fraction"] >= 0.2
+
+
+def test_healthy_job_has_no_findings(job):
+    j = job("--workers", "1", "--persistent", "--batch-size", "8", "--step-ms", "30")
+    j.wait_ready()
+    rep = report(j.pid)
+    assert rep["findings"] == [], rep["findings"]
+    assert rep["trainers"][0]["data_wait_fraction"] < 0.05
+
+
+def test_workers_with_intra_op_thread_pools(job):
+    j = job("--workers", "2", "--persistent", "--worker-threads", "8", "--matmuls", "6", "--batch-size", "2")
+    j.wait_ready()
+    rep = report(j.pid, duration=10, stacks=False)
+    f = findings(rep)
+    assert "worker_threads" in f, (f, [w["busy_threads"] for w in rep["trainers"][0]["workers"]])
+    assert f["worker_threads"]["change"]["env"]["OMP_NUM_THREADS"] == "1"
+    assert f["worker_threads"]["evidence"]["busy_threads_per_worker"] >= 2
+
+
+def test_workers_recreated_every_epoch(job):
+    j = job("--workers", "2", "--epoch-items", "32", "--batch-size", "8", "--step-ms", "20")
+    j.wait_ready()
+    f = findings(report(j.pid, duration=10))
+    assert "worker_respawn" in f, f
+    assert f["worker_respawn"]["change"] == {"DataLoader": {"persistent_workers": True}}
+
+
+def test_copy_on_read_memory_growth(job):
+    j = job("--workers", "2", "--persistent", "--objects", "3000000", "--objects-per-item", "150",
+            "--item-ms", "10", "--batch-size", "4", "--step-ms", "5")
+    j.wait_ready(timeout=120)
+    rep = report(j.pid, duration=30, interval=1.0, stacks=False)
+    f = findings(rep)
+    assert "worker_memory_growth" in f, (f, [w["uss_bytes"] for w in rep["trainers"][0]["workers"]])
+    assert "numpy" in f["worker_memory_growth"]["suggestion"]
+
+
+@pytest.mark.skipif(not _can_unshare(), reason="unshare of a mount namespace is not permitted here")
+def test_small_dev_shm_fills(job):
+    size = 6 * 2**20
+    script = f'mount -t tmpfs -o size={size} tmpfs /dev/shm && exec "$0" "$@"'
+    j = job("--workers", "2", "--persistent", "--tensor-kb", "128", "--batch-size", "8", "--step-ms", "150",
+            cmd=["unshare", "-m", "--propagation", "private", "sh", "-c", script, PYTHON])
+    j.wait_ready()
+    rep = report(j.pid, duration=8, stacks=False)
+    f = findings(rep)
+    assert "shm_pressure" in f, (f, rep["trainers"][0]["shm"])
+    assert f["shm_pressure"]["evidence"]["shm_total_bytes"] == size
+    assert f["shm_pressure"]["change"]["docker"]["shm_size"].endswith("m")
+
+
+def test_two_jobs_sharing_two_cores(job):
+    a = job("--workers", "2", "--persistent", "--item-ms", "20")
+    b = job("--workers", "2", "--persistent", "--item-ms", "20")
+    a.wait_ready()
+    b.wait_ready()
+    rep = report(a.pid, b.pid, duration=12, stacks=False)
+    found = [f for f in rep["findings"] if f["id"] in ("too_many_workers", "cpu_oversubscribed")]
+    assert {f["trainer_pid"] for f in found} == {a.pid, b.pid}, rep["findings"]
+    for f in found:
+        assert f["change"]["DataLoader"]["num_workers"] < 2
+
+
+def test_sigkilled_worker_is_named(job):
+    j = job("--workers", "2", "--persistent", "--item-ms", "10")
+    j.wait_ready()
+    victim = sorted(worker_pids(j.pid))[0]
+
+    from loadertop.rules import Diagnoser
+    from loadertop.sampler import Sampler
+
+    sampler = Sampler([j.pid])
+    diagnoser = Diagnoser()
+    try:
+        diagnoser.feed(sampler.tick())
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        found = []
+        while time.monotonic() < deadline and not found:
+            time.sleep(0.5)
+            found = [f for f in diagnoser.feed(sampler.tick()) if f.id == "worker_died"]
+    finally:
+        sampler.close()
+    assert found, "worker_died not raised"
+    assert found[0].evidence["worker_pid"] == victim
+    assert found[0].evidence["signal"] == signal.SIGKILL
+    assert "OOM" in found[0].suggestion
+
+
+def test_sigstopped_workers_stall_the_loader(job):
+    j = job("--workers", "2", "--persistent", "--item-ms", "5")
+    j.wait_ready()
+    workers = wait_for(lambda: w if len(w := worker_pids(j.pid)) == 2 else None, 30)
+    for w in workers:
+        os.kill(w, signal.SIGSTOP)
+    try:
+        time.sleep(1)  # let the prefetched batches drain
+        f = findings(report(j.pid, duration=24, interval=1.0))
+    finally:
+        for w in workers:
+            os.kill(w, signal.SIGCONT)
+    assert "loader_stalled" in f, f
+    stalled = f["loader_stalled"]
+    assert stalled["severity"] == "critical" and stalled["evidence"]["stalled_for_s"] >= 20
+    assert set(map(int, stalled["evidence"]["workers"])) == workers

@@ -1,0 +1,134 @@
+"""The TUI driven by its Pilot over synthetic snapshot streams: keys, trainers, saving a
+report, a target that exits, and the 80x24 layout."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import replace
+
+import pytest
+from synth import TRAINER, data_wait, host, snapshot, story, trainer
+
+from loadertop.tui.app import LoadertopApp
+from loadertop.tui.source import ScriptedSource
+from loadertop.tui.widgets.panels import FindingsPanel, HeaderPanel, OverviewPanel
+from loadertop.tui.widgets.workers import WorkersTable
+
+
+def starved(seconds: int = 20, exit_at: int | None = None, trainers: int = 1):
+    def make(t):
+        out = []
+        for k in range(trainers):
+            tr = trainer(workers=2 + k, worker_cpu=97.0, wait=0.62, pid=TRAINER + 1000 * k)
+            if exit_at is not None and t >= exit_at:
+                tr = replace(tr, status="exited", workers=tuple(replace(w, status="exited") for w in tr.workers))
+            out.append(tr)
+        return snapshot(t, out, host(cpu=30.0))
+
+    return story(seconds, make)
+
+
+async def wait_until(pilot, predicate, timeout: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        assert loop.time() < deadline, "timed out waiting for the app"
+        await pilot.pause(0.02)
+
+
+def text_of(app, widget_type) -> str:
+    return str(app.query_one(widget_type).render())
+
+
+async def test_starved_stream_shows_verdict_workers_and_the_fix(tmp_path):
+    app = LoadertopApp(ScriptedSource(starved()), save_dir=tmp_path)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_until(pilot, lambda: app.ended and app.ticks_shown > 0)
+        await pilot.pause(0.1)
+        assert "INPUT-BOUND 62%" in text_of(app, HeaderPanel)
+        table = app.query_one(WorkersTable)
+        pids = {str(table.get_row_at(i)[1]) for i in range(table.row_count)}
+        assert {str(TRAINER), str(TRAINER + 1), str(TRAINER + 2)} <= pids
+        findings = text_of(app, FindingsPanel)
+        assert "input_bound" in findings and "num_workers=2 -> 7" in findings
+
+
+async def test_keys_pause_help_sort_and_save(tmp_path):
+    app = LoadertopApp(ScriptedSource(starved()), save_dir=tmp_path)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_until(pilot, lambda: app.ended)
+        await pilot.press("p")
+        assert app.paused
+        await pilot.press("p")
+        assert not app.paused
+        await pilot.press("question_mark")
+        assert app.screen.__class__.__name__ == "HelpScreen"
+        await pilot.press("escape")
+        await pilot.press("o")
+        assert app.query_one(WorkersTable).sort_by == "cpu"
+        await pilot.press("s")
+        await pilot.pause(0.1)
+        saved = sorted(tmp_path.iterdir())
+        assert [p.suffix for p in saved] == [".json", ".md"]
+        report = json.loads(saved[0].read_text())
+        assert report["schema"] == "loadertop.report/1"
+        assert [f["id"] for f in report["findings"]] == ["input_bound"]
+        assert "input_bound" in saved[1].read_text()
+        await pilot.press("q")
+
+
+async def test_unwritable_save_folder_is_a_notification_not_a_crash(tmp_path):
+    app = LoadertopApp(ScriptedSource(starved(5)), save_dir=tmp_path / "missing")
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_until(pilot, lambda: app.ended)
+        await pilot.press("s")
+        await pilot.pause(0.1)
+        assert any("cannot save" in n.message for n in app._notifications)
+        assert len(app.history) == 5  # nothing sampled is lost
+
+
+async def test_switching_trainers_with_tab_and_numbers():
+    app = LoadertopApp(ScriptedSource(starved(trainers=2)))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_until(pilot, lambda: app.ended and app.ticks_shown > 0)
+        assert app.query_one(OverviewPanel).display
+        assert f"pid {TRAINER} " in text_of(app, HeaderPanel)
+        await pilot.press("tab")
+        assert app.selected == 1 and f"pid {TRAINER + 1000} " in text_of(app, HeaderPanel)
+        assert app.query_one(WorkersTable).row_count == 1 + 3
+        await pilot.press("1")
+        assert app.selected == 0
+
+
+async def test_target_exit_keeps_the_last_data():
+    app = LoadertopApp(ScriptedSource(starved(12, exit_at=8)))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_until(pilot, lambda: app.ended and app.ticks_shown > 0)
+        await pilot.pause(0.1)
+        assert "EXITED" in text_of(app, HeaderPanel)
+        assert app.query_one(WorkersTable).row_count == 3  # main + 2 workers, still shown
+
+
+@pytest.mark.parametrize("size", [(80, 24), (100, 30)])
+async def test_small_terminal_keeps_workers_and_findings(size):
+    app = LoadertopApp(ScriptedSource(starved()))
+    async with app.run_test(size=size) as pilot:
+        await wait_until(pilot, lambda: app.ended and app.ticks_shown > 0)
+        await pilot.pause(0.1)
+        compact = app.screen.has_class("compact")
+        assert compact == (size[1] < 30)
+        table = app.query_one(WorkersTable)
+        assert table.region.height >= 3
+        findings = app.query_one(FindingsPanel)
+        assert findings.region.height >= 3 and findings.region.bottom <= size[1]
+
+
+async def test_missing_data_renders_as_na():
+    snaps = story(5, lambda t: snapshot(t, [trainer(worker_cpu=None, wait=data_wait(None))], host(cpu=None)))
+    app = LoadertopApp(ScriptedSource(snaps))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_until(pilot, lambda: app.ended and app.ticks_shown > 0)
+        table = app.query_one(WorkersTable)
+        assert "n/a" in str(table.get_row_at(1)[2])
+        assert "WATCHING" in text_of(app, HeaderPanel)  # no data wait: not called healthy
