@@ -169,8 +169,8 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     from .probes.procs import ProcessSampler
 
     # A snapshot is short and its report should be complete: it reads smaps (USS/PSS) four
-    # times as often as the live monitor, within a larger budget per tick.
-    processes = ProcessSampler(slow_interval_s=3.0, slow_budget_s=0.02)
+    # times as often as the live monitor, within ten times its budget per tick.
+    processes = ProcessSampler(slow_interval_s=3.0, slow_budget_s=0.05)
     sampler = Sampler(args.pids, interval_s=args.interval, stacks=stacks, processes=processes)
     history = History()
 

@@ -119,6 +119,7 @@ def main(argv=None) -> int:
     p.add_argument("--objects", type=int, default=0, help="Python objects the dataset holds")
     p.add_argument("--objects-per-item", type=int, default=200, help="objects each item reads")
     p.add_argument("--worker-threads", type=int, default=1, help="torch threads per worker")
+    p.add_argument("--main-threads", type=int, default=1, help="torch threads of the training loop")
     p.add_argument("--matmuls", type=int, default=4)
     p.add_argument("--val-workers", type=int, default=0, help="a validation loader each epoch")
     p.add_argument("--late-start", type=float, default=0.0, help="seconds before the loader")
@@ -126,9 +127,13 @@ def main(argv=None) -> int:
     p.add_argument("--truth", help="write measured data wait to this JSON file")
     p.add_argument("--ready", help="touch this file when the first batch arrives")
     p.add_argument("--dist", action="store_true", help="join a gloo process group (torchrun)")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda for a GPU training step")
     args = p.parse_args(argv)
 
     torch.manual_seed(0)
+    # One compute thread in the loop: a small model gains nothing from more, and a pool
+    # that competes with the workers for the CPUs would blur every scenario.
+    torch.set_num_threads(args.main_threads)
     if args.dist and "RANK" in os.environ:
         import torch.distributed as dist
 
@@ -138,10 +143,12 @@ def main(argv=None) -> int:
     if args.late_start:
         time.sleep(args.late_start)
     train, val = build(args)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    device = torch.device(args.device)
+    width = 256 if device.type == "cpu" else 4096  # on a GPU, a step that keeps it busy
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, 10)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(32, 256)
-    y = torch.randint(0, 10, (32,))
+    x = torch.randn(32 if device.type == "cpu" else 1024, width, device=device)
+    y = torch.randint(0, 10, (x.shape[0],), device=device)
 
     started = time.perf_counter()
     waited = 0.0
@@ -172,10 +179,13 @@ def main(argv=None) -> int:
             # The step: real forward/backward/optimizer work for about step_ms.
             end = time.perf_counter() + args.step_ms / 1000.0
             while True:
-                loss = torch.nn.functional.cross_entropy(model(x + batch[0][:1, :1].mean()), y)
+                shift = batch[0][:1, :1].to(device, non_blocking=True).mean()
+                loss = torch.nn.functional.cross_entropy(model(x + shift), y)
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
                 if time.perf_counter() >= end:
                     break
             steps += 1

@@ -294,7 +294,7 @@ class StackSampler:
         rate_hz: int = 10,
         rolling_s: float = 30.0,
         dump_interval_s: float = 1.0,
-        stall_fraction: float = 0.98,
+        stall_fraction: float = 0.95,
         pyspy: str | None = None,
     ) -> None:
         self.window_s = max(1, int(window_s))

@@ -98,8 +98,12 @@ class LoadertopApp(App):
 
     @work(thread=True, exclusive=True, group="sampler")
     def sample(self) -> None:
+        lockstep = getattr(self.source, "lockstep", False)
         while not self._stop.is_set():
             started = time.monotonic()
+            # A recording shows every snapshot: wait for the UI instead of dropping one.
+            while lockstep and self._tick_pending and not self._stop.is_set():
+                self._stop.wait(0.005)
             if not self.paused:
                 result = self.source.next()
                 if result is None:

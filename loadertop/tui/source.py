@@ -42,6 +42,7 @@ class ScriptedSource:
     """Plays prepared snapshots, one per `next()`; then returns None (the stream ended)."""
 
     live = False
+    lockstep = True  # every snapshot reaches the screen: none is dropped
 
     def __init__(self, snapshots: Iterable[Snapshot], interval_s: float = 0.05) -> None:
         self._it: Iterator[Snapshot] = iter(snapshots)

@@ -1,0 +1,26 @@
+"""SVG snapshots of the TUI on deterministic synthetic data (pytest-textual-snapshot).
+Regenerate after an intended change: pytest tests/test_tui_snapshots.py --snapshot-update"""
+
+from __future__ import annotations
+
+import pytest
+from test_tui import starved, wait_until
+
+from loadertop.tui.app import LoadertopApp
+from loadertop.tui.source import ScriptedSource
+
+
+async def _settle(pilot) -> None:
+    await wait_until(pilot, lambda: pilot.app.ended and pilot.app.ticks_shown > 0)
+    await pilot.pause(0.2)
+
+
+@pytest.mark.parametrize("size", [(120, 36), (80, 24)])
+def test_starved_screen(snap_compare, size):
+    app = LoadertopApp(ScriptedSource(starved(20), interval_s=0.01))
+    assert snap_compare(app, terminal_size=size, run_before=_settle)
+
+
+def test_two_trainers_screen(snap_compare):
+    app = LoadertopApp(ScriptedSource(starved(20, trainers=2), interval_s=0.01))
+    assert snap_compare(app, terminal_size=(120, 36), run_before=_settle)
