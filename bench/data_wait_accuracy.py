@@ -32,7 +32,7 @@ WORKLOADS = {
     # name: demo job flags (one worker: the CPU-bound item cost sets the wait)
     "starved": ["--workers", "1", "--item-ms", "6", "--batch-size", "8", "--step-ms", "10"],
     "balanced": ["--workers", "1", "--item-ms", "4", "--batch-size", "8", "--step-ms", "22"],
-    "healthy": ["--workers", "1", "--batch-size", "8", "--step-ms", "30"],
+    "healthy": ["--workers", "2", "--batch-size", "8", "--step-ms", "60"],
 }
 
 

@@ -39,7 +39,7 @@ def test_starved_job_is_input_bound(job):
 
 
 def test_healthy_job_has_no_findings(job):
-    j = job("--workers", "1", "--persistent", "--batch-size", "8", "--step-ms", "30")
+    j = job("--workers", "2", "--persistent", "--batch-size", "8", "--step-ms", "60")
     j.wait_ready()
     rep = report(j.pid)
     assert rep["findings"] == [], rep["findings"]

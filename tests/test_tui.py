@@ -48,7 +48,7 @@ async def test_starved_stream_shows_verdict_workers_and_the_fix(tmp_path):
         await pilot.pause(0.1)
         assert "INPUT-BOUND 62%" in text_of(app, HeaderPanel)
         table = app.query_one(WorkersTable)
-        pids = {str(table.get_row_at(i)[1]) for i in range(table.row_count)}
+        pids = {row[1] for row in table.rows}
         assert {str(TRAINER), str(TRAINER + 1), str(TRAINER + 2)} <= pids
         findings = text_of(app, FindingsPanel)
         assert "input_bound" in findings and "num_workers=2 -> 7" in findings
@@ -96,7 +96,7 @@ async def test_switching_trainers_with_tab_and_numbers():
         assert f"pid {TRAINER} " in text_of(app, HeaderPanel)
         await pilot.press("tab")
         assert app.selected == 1 and f"pid {TRAINER + 1000} " in text_of(app, HeaderPanel)
-        assert app.query_one(WorkersTable).row_count == 1 + 3
+        assert len(app.query_one(WorkersTable).rows) == 1 + 3
         await pilot.press("1")
         assert app.selected == 0
 
@@ -107,7 +107,7 @@ async def test_target_exit_keeps_the_last_data():
         await wait_until(pilot, lambda: app.ended and app.ticks_shown > 0)
         await pilot.pause(0.1)
         assert "EXITED" in text_of(app, HeaderPanel)
-        assert app.query_one(WorkersTable).row_count == 3  # main + 2 workers, still shown
+        assert len(app.query_one(WorkersTable).rows) == 3  # main + 2 workers, still shown
 
 
 @pytest.mark.parametrize("size", [(80, 24), (100, 30)])
@@ -130,5 +130,5 @@ async def test_missing_data_renders_as_na():
     async with app.run_test(size=(120, 36)) as pilot:
         await wait_until(pilot, lambda: app.ended and app.ticks_shown > 0)
         table = app.query_one(WorkersTable)
-        assert "n/a" in str(table.get_row_at(1)[2])
+        assert table.rows[1][2] == "n/a"
         assert "WATCHING" in text_of(app, HeaderPanel)  # no data wait: not called healthy

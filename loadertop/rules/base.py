@@ -165,8 +165,8 @@ def finding(
 
 
 def surely_above(fraction: float, samples: int, threshold: float) -> bool:
-    """The sampled fraction exceeds the threshold by more than its sampling error (one
-    standard error of a binomial share): 5.1% of 100 samples is not evidence of 5%."""
+    """The sampled fraction exceeds the threshold by more than its sampling error
+    (CONFIDENCE_Z standard errors of a binomial share): 8% of 70 samples is not evidence of 5%."""
     error = (max(fraction * (1 - fraction), 0.01 * 0.99) / max(1, samples)) ** 0.5
     return fraction - error * T.CONFIDENCE_Z >= threshold
 

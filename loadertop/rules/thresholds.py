@@ -10,9 +10,9 @@ DATA_WAIT_WARNING = 0.05
 DATA_WAIT_CRITICAL = 0.20
 # Less than this much evidence (py-spy samples) is noise at 10 Hz (±5 pts needs ~100).
 MIN_STACK_SAMPLES = 40
-# A sampled share must clear a threshold by this many standard errors to count: a healthy
+# A sampled share must clear a threshold by this many standard errors (one-sided 95%) to count: a healthy
 # loop at 5% +- 2% must not be called input-bound.
-CONFIDENCE_Z = 1.0
+CONFIDENCE_Z = 1.64
 
 # A worker above this share of one core is CPU-bound (it computes, it does not wait on I/O);
 # below IO_BOUND_CPU it mostly sleeps (disk, network, a remote store).

@@ -32,16 +32,20 @@ def bar(fraction: float | None, width: int) -> str:
 
 
 class Panel(Static):
-    """A Static that skips updates that would not change what is on screen."""
+    """A Static that skips updates that would not change what is on screen, and skips the
+    layout pass when the number of lines stayed the same (most ticks)."""
 
     _last: str | None = None
+    _lines: int = -1
 
     def show(self, content: Text | str) -> None:
         plain = content.plain if isinstance(content, Text) else content
         key = plain + (content.markup if isinstance(content, Text) else "")
         if key != self._last:
             self._last = key
-            self.update(content)
+            lines = plain.count("\n")
+            self.update(content, layout=lines != self._lines)
+            self._lines = lines
 
 
 def _pct(x: float | None) -> str:

@@ -1,10 +1,13 @@
 """The workers table: the trainer's main process and pin-memory thread, then each worker.
-Cells are updated only where their text changed: a full redraw each tick costs CPU."""
+
+Rendered as one block of fixed-width text lines, re-rendered only when a line changed: a
+DataTable re-renders its cells on every update and cost most of the TUI's CPU at 1 Hz."""
 
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widgets import DataTable
+from textual.containers import VerticalScroll
+from textual.widgets import Static
 
 from ...fields import WORKER_FIELDS, human_age, human_bytes
 from ...model import ProcessSample, TrainerSnapshot
@@ -13,53 +16,55 @@ STATE_LETTER = {"running": "R", "sleeping": "S", "disk-sleep": "D", "stopped": "
                 "exited": "X", "idle": "I"}
 SORTS = ("worker", "cpu", "uss", "rss")
 # Fixed widths so that columns do not jump as values change; DOING takes the rest.
-WIDTHS = {"worker_id": 6, "pid": 7, "cpu_percent": 5, "uss_bytes": 6, "rss_bytes": 6, "threads": 6,
-          "ctx_switches_per_s": 5, "status": 5, "age_s": 6}
+WIDTHS = {"worker_id": 6, "pid": 7, "cpu_percent": 6, "uss_bytes": 6, "rss_bytes": 6, "threads": 6,
+          "ctx_switches_per_s": 6, "status": 5, "age_s": 6}
+RIGHT = {"cpu_percent", "uss_bytes", "rss_bytes", "ctx_switches_per_s", "age_s"}
 
 
 def _cpu(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:5.1f}"
+    return "n/a" if x is None else f"{x:.1f}"
 
 
-def _row(label: str, p: ProcessSample, now: float) -> list:
+def cells(label: str, p: ProcessSample, now: float) -> list[str]:
     csw = None
     if p.ctx_switches_voluntary_per_s is not None:
         csw = p.ctx_switches_voluntary_per_s + (p.ctx_switches_involuntary_per_s or 0.0)
     threads = "n/a" if p.threads is None else str(p.threads)
     if p.busy_threads and p.busy_threads > 1:
         threads += f"({p.busy_threads})"
-    state = STATE_LETTER.get(p.status, "?")
     return [
         label,
         str(p.pid),
-        Text(_cpu(p.cpu_percent), style="bold red" if (p.cpu_percent or 0) >= 90 else ""),
+        _cpu(p.cpu_percent),
         human_bytes(p.uss_bytes),
         human_bytes(p.rss_bytes),
         threads,
         "n/a" if csw is None else f"{csw:.0f}",
-        Text(state, style="bold red" if state in ("T", "Z", "X") else ""),
+        STATE_LETTER.get(p.status, "?"),
         p.doing or ("" if p.status == "exited" else "·"),
         human_age(now - p.started_at),
     ]
 
 
-class WorkersTable(DataTable):
+class WorkersTable(VerticalScroll):
+    DEFAULT_CSS = "WorkersTable > Static { width: 100%; }"
+
     def __init__(self, **kw) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=False, **kw)
+        super().__init__(**kw)
         self.sort_by = "worker"
-        self._keys: list[str] = []
+        self.rows: list[list[str]] = []  # what is on screen, for tests and the next diff
+        self._body = Static()
+        self._last: tuple | None = None
+        self._row_count = -1
 
-    def on_mount(self) -> None:
-        doing = max(14, self.app.size.width - sum(WIDTHS.values()) - 2 * len(WORKER_FIELDS) - 2)
-        for f in WORKER_FIELDS:
-            self.add_column(f.header, key=f.key, width=WIDTHS.get(f.key, doing))
+    def compose(self):
+        yield self._body
 
-    def rows_for(self, trainer: TrainerSnapshot, now: float) -> list[tuple[str, list]]:
-        rows = [(f"main-{trainer.pid}", _row("main", trainer.main, now))]
+    def rows_for(self, trainer: TrainerSnapshot, now: float) -> list[list[str]]:
+        rows = [cells("main", trainer.main, now)]
         if trainer.pin_memory_thread:
-            pin = trainer.pin_memory_cpu_percent
-            rows.append((f"pin-{trainer.pid}", ["pin", str(trainer.pid), _cpu(pin), "-", "-", "1", "-", "S",
-                                               "pin-memory thread", ""]))
+            rows.append(["pin", str(trainer.pid), _cpu(trainer.pin_memory_cpu_percent), "-", "-", "1", "-", "S",
+                         "pin-memory thread", ""])
         workers = list(trainer.workers)
         if self.sort_by == "cpu":
             workers.sort(key=lambda w: -(w.cpu_percent or 0))
@@ -69,24 +74,38 @@ class WorkersTable(DataTable):
             workers.sort(key=lambda w: (w.worker_id if w.worker_id is not None else 10**6, w.pid))
         for i, w in enumerate(workers):
             label = f"w{w.worker_id}" if w.worker_id is not None else f"w?{i}"
-            rows.append((f"w-{w.pid}-{w.started_at}", _row(label, w, now)))
+            rows.append(cells(label, w, now))
         return rows
 
     def show(self, trainer: TrainerSnapshot | None, now: float) -> None:
         """now: the snapshot's time, so ages stay frozen on a trainer that exited."""
         rows = self.rows_for(trainer, now) if trainer is not None else []
-        keys = [k for k, _ in rows]
-        if keys != self._keys:
-            # Rows came or went (or the order changed): rebuild, rare.
-            self.clear()
-            for key, cells in rows:
-                self.add_row(*cells, key=key)
-            self._keys = keys
+        width = max(40, self.size.width or self.app.size.width)
+        key = (tuple(map(tuple, rows)), width)
+        if key == self._last:
             return
-        for key, cells in rows:
-            for field, value in zip(WORKER_FIELDS, cells):
-                if str(self.get_cell(key, field.key)) != str(value):
-                    self.update_cell(key, field.key, value)
+        self._last = key
+        self.rows = rows
+        doing = max(10, width - sum(WIDTHS.values()) - len(WORKER_FIELDS))
+        text = Text(no_wrap=True, overflow="ellipsis")
+        text.append(self._line([f.header for f in WORKER_FIELDS], doing), style="bold reverse")
+        for row in rows:
+            text.append("\n")
+            line = self._line(row, doing)
+            hot = row[2] not in ("n/a", "-") and float(row[2]) >= 90
+            dead = row[7] in ("T", "Z", "X")
+            text.append(line, style="red" if dead else ("bold" if hot else ""))
+        self._body.update(text, layout=len(rows) != self._row_count)
+        self._row_count = len(rows)
+
+    @staticmethod
+    def _line(values: list[str], doing: int) -> str:
+        out = []
+        for field, value in zip(WORKER_FIELDS, values):
+            width = WIDTHS.get(field.key, doing)
+            value = value if len(value) <= width else value[: width - 1] + "…"
+            out.append(value.rjust(width) if field.key in RIGHT else value.ljust(width))
+        return " ".join(out)
 
     def next_sort(self) -> str:
         self.sort_by = SORTS[(SORTS.index(self.sort_by) + 1) % len(SORTS)]
