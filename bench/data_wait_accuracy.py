@@ -60,7 +60,7 @@ class Job:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             log = self.log()
-            for a, b in zip(log, log[1:]):
+            for a, b in zip(log, log[1:], strict=False):
                 if a[0] <= epoch <= b[0]:
                     k = (epoch - a[0]) / (b[0] - a[0])
                     return tuple(a[i] + k * (b[i] - a[i]) for i in (1, 2, 3))  # type: ignore[return-value]

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 
 from . import __version__
 
-SUBCOMMANDS = ("snapshot", "demo")
+SUBCOMMANDS = ("snapshot", "demo", "record", "replay")
+REPORT_FORMATS = (".json", ".md", ".html")
 MONITOR_USAGE = "loadertop [PID ...] [--interval S] [--no-stacks]"
 
 
@@ -54,12 +55,24 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
     snap = sub.add_parser("snapshot", help="sample jobs for a while and write a report")
-    snap.add_argument("pids", nargs="+", type=_pid, metavar="PID")
+    snap.add_argument("pids", nargs="*", type=_pid, metavar="PID")
+    snap.add_argument("--from", dest="recording", metavar="FILE", help="report on a recording instead")
     snap.add_argument("--duration", type=_positive, default=10.0, help="seconds to sample (10)")
     snap.add_argument("--interval", type=_positive, default=1.0, help="seconds per tick (1)")
     snap.add_argument("--json", action="store_true", help="print the JSON report on stdout")
-    snap.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE (.json)")
+    snap.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE (.json, .md or .html)")
     snap.add_argument("--no-stacks", action="store_true", help="do not run py-spy (no data wait)")
+
+    rec = sub.add_parser("record", help="record snapshots to a file, for replay and reports")
+    rec.add_argument("pids", nargs="+", type=_pid, metavar="PID")
+    rec.add_argument("-o", "--output", metavar="FILE", required=True, help="the recording to write")
+    rec.add_argument("--duration", type=_positive, default=None, help="seconds to record (until Ctrl-C)")
+    rec.add_argument("--interval", type=_positive, default=1.0, help="seconds per tick (1)")
+    rec.add_argument("--no-stacks", action="store_true", help="do not run py-spy (no data wait)")
+
+    rep = sub.add_parser("replay", help="watch a recording in the live view")
+    rep.add_argument("recording", metavar="FILE")
+    rep.add_argument("--speed", type=_positive, default=1.0, help="times real time (1)")
 
     demo = sub.add_parser("demo", help="start a built-in training job and watch it")
     from .demo import SCENARIOS
@@ -122,10 +135,10 @@ def _check_pids(pids: Sequence[int]) -> None:
             raise UsageError(f"no process with PID {pid} (is the job running? `loadertop` lists them)")
 
 
-def _check_output(path: str) -> None:
+def _check_output(path: str, formats: tuple[str, ...] = REPORT_FORMATS) -> None:
     ext = os.path.splitext(path)[1].lower()
-    if ext not in (".json",):
-        raise UsageError(f"cannot write {path!r}: the report format is picked by extension: .json")
+    if formats and ext not in formats:
+        raise UsageError(f"cannot write {path!r}: the format is picked by extension: {', '.join(formats)}")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise UsageError(f"cannot write {path!r}: folder {folder} does not exist")
@@ -134,40 +147,114 @@ def _check_output(path: str) -> None:
 
 
 def run_ticks(sampler, duration_s: float, on_snapshot, before_last=None) -> None:
-    """Tick every interval until duration_s passed or every job exited; never overlapping.
-    The last tick completes the slow readings so that a report has USS/PSS for everyone;
-    before_last() runs just before it (to collect the stack sampler's last window)."""
+    """Tick every interval until duration_s passed (inf: until interrupted) or every job
+    exited; never overlapping. The last tick completes the slow readings so that a report has
+    USS/PSS for everyone; before_last() runs just before it (the stack sampler's last window)."""
     start = time.monotonic()
-    ticks = int(duration_s / sampler.interval_s + 1e-6) + 1
-    for n in range(ticks):
-        last = n == ticks - 1
+    n = 0
+    while True:
+        last = (n + 1) * sampler.interval_s > duration_s + 1e-6
         if n:
             time.sleep(max(0.0, start + n * sampler.interval_s - time.monotonic()))
         if last and before_last is not None:
             before_last()
         on_snapshot(sampler.tick(complete=last))
+        n += 1
+        if last:
+            return
         if all(j.exited for j in sampler.jobs):
-            if not last and before_last is not None:
+            if before_last is not None:
                 before_last()
                 on_snapshot(sampler.tick(complete=True))
             return
 
 
+def _read_recording(path: str):
+    from .record import NotARecording, read
+
+    try:
+        recording = read(path)
+    except FileNotFoundError:
+        raise UsageError(f"no such recording: {path}") from None
+    except (NotARecording, IsADirectoryError, PermissionError) as e:
+        raise UsageError(str(e)) from None
+    if recording.problem:
+        print(f"loadertop: {path}: {recording.problem}", file=sys.stderr)
+    if not recording.snapshots:
+        raise UsageError(f"{path} holds no complete snapshot")
+    return recording
+
+
+def _render(path: str | None, report: dict, snapshots) -> str:
+    ext = os.path.splitext(path or "")[1].lower()
+    if ext == ".md":
+        from .report_md import render
+
+        return render(report)
+    if ext == ".html":
+        from .report_html import render
+
+        return render(report, snapshots)
+    from .report import to_json
+
+    return to_json(report)
+
+
+def _write_report(path: str, text: str) -> int:
+    from .report import write_file
+
+    try:
+        write_file(path, text)
+    except OSError as e:
+        suffix = os.path.splitext(path)[1] or ".json"
+        fd, fallback = tempfile.mkstemp(prefix="loadertop-", suffix=suffix)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        print(f"loadertop: cannot write {path!r}: {e.strerror}; report saved to {fallback}", file=sys.stderr)
+        return 1
+    print(f"loadertop: report written to {path}", file=sys.stderr)
+    return 0
+
+
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    from .report import build_report, to_json, write_file
+    from .report import build_report, to_json
+    from .rules import diagnose, thresholds
+
+    if args.output:
+        _check_output(args.output)
+    if args.recording:
+        if args.pids:
+            raise UsageError("give either PIDs or --from FILE, not both")
+        snapshots = _read_recording(args.recording).snapshots
+        duration = snapshots[-1].monotonic - snapshots[0].monotonic
+        interrupted = False
+    else:
+        if not args.pids:
+            raise UsageError("which job? give its PID (`loadertop` lists them) or --from a recording")
+        snapshots, interrupted = _sample_for_snapshot(args)
+        duration = args.duration
+    # A short snapshot is one window of evidence: it may hold a finding for half its length.
+    findings = diagnose(snapshots, hold_s=min(thresholds.HOLD_S, max(1.0, duration / 2)))
+    report = build_report(snapshots, findings)
+    status = 0
+    if args.output:
+        status = _write_report(args.output, _render(args.output, report, snapshots))
+    if args.json or not args.output:
+        sys.stdout.write(to_json(report))
+    return status or (130 if interrupted else 0)
+
+
+def _sample_for_snapshot(args: argparse.Namespace):
+    from .probes.procs import ProcessSampler
     from .sampler import History, Sampler
 
     _check_pids(args.pids)
-    if args.output:
-        _check_output(args.output)
     stacks = None
     if not args.no_stacks:
         from .probes.stacks import StackSampler
 
         # One py-spy window spans the whole snapshot, so data wait covers the same time.
         stacks = StackSampler(window_s=max(1, int(args.duration)), rolling_s=args.duration + 60)
-    from .probes.procs import ProcessSampler
-
     # A snapshot is short and its report should be complete: it reads smaps (USS/PSS) four
     # times as often as the live monitor, within ten times its budget per tick.
     processes = ProcessSampler(slow_interval_s=3.0, slow_budget_s=0.05)
@@ -188,28 +275,45 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         sampler.close()
     if not len(history):
         raise UsageError("interrupted before the first sample; nothing to report")
-    from .rules import diagnose, thresholds
+    return list(history), interrupted
 
-    snapshots = list(history)
-    # A short snapshot is one window of evidence: it may hold a finding for half its length.
-    findings = diagnose(snapshots, hold_s=min(thresholds.HOLD_S, args.duration / 2))
-    text = to_json(build_report(snapshots, findings))
-    if args.output:
-        try:
-            write_file(args.output, text)
-        except OSError as e:
-            fd, fallback = tempfile.mkstemp(prefix="loadertop-", suffix=".json")
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            print(
-                f"loadertop: cannot write {args.output!r}: {e.strerror}; report saved to {fallback}",
-                file=sys.stderr,
-            )
-            return 1
-        print(f"loadertop: report written to {args.output}", file=sys.stderr)
-    if args.json or not args.output:
-        sys.stdout.write(text)
-    return 130 if interrupted else 0
+
+def cmd_record(args: argparse.Namespace) -> int:
+    from .record import Recorder
+    from .sampler import Sampler
+
+    _check_pids(args.pids)
+    _check_output(args.output, formats=())
+    stacks = None
+    if not args.no_stacks:
+        from .probes.stacks import StackSampler
+
+        stacks = StackSampler(window_s=5, rolling_s=30.0, dump_interval_s=2.0)
+    sampler = Sampler(args.pids, interval_s=args.interval, stacks=stacks)
+    try:
+        recorder = Recorder(args.output)
+    except OSError as e:
+        sampler.close()
+        raise UsageError(f"cannot write {args.output!r}: {e.strerror}") from None
+    print(f"loadertop: recording to {args.output} (Ctrl-C stops)", file=sys.stderr)
+    try:
+        run_ticks(sampler, args.duration if args.duration else float("inf"), recorder.write)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sampler.close()
+        recorder.close()
+    print(f"loadertop: {recorder.written} snapshots in {args.output}", file=sys.stderr)
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from .tui.source import ScriptedSource
+
+    recording = _read_recording(args.recording)
+    snaps = recording.snapshots
+    interval = snaps[-1].interval_s if snaps else 1.0
+    return _run_tui(ScriptedSource(snaps, interval_s=interval / args.speed))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -223,6 +327,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return cmd_snapshot(args)
             if args.command == "demo":
                 return cmd_demo(args)
+            if args.command == "record":
+                return cmd_record(args)
+            if args.command == "replay":
+                return cmd_replay(args)
         if argv and not argv[0].startswith("-") and not argv[0].isdigit():
             raise UsageError(f"unknown command {argv[0]!r}: use a PID, or one of {', '.join(SUBCOMMANDS)}")
         return cmd_monitor(_monitor_parser().parse_args(argv))

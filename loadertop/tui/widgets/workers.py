@@ -101,7 +101,7 @@ class WorkersTable(VerticalScroll):
     @staticmethod
     def _line(values: list[str], doing: int) -> str:
         out = []
-        for field, value in zip(WORKER_FIELDS, values):
+        for field, value in zip(WORKER_FIELDS, values, strict=True):
             width = WIDTHS.get(field.key, doing)
             value = value if len(value) <= width else value[: width - 1] + "…"
             out.append(value.rjust(width) if field.key in RIGHT else value.ljust(width))
