@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from . import __version__
 
-SUBCOMMANDS = ("snapshot", "demo", "record", "replay")
+SUBCOMMANDS = ("snapshot", "demo", "record", "replay", "export")
 REPORT_FORMATS = (".json", ".md", ".html")
 MONITOR_USAGE = "loadertop [PID ...] [--interval S] [--no-stacks]"
 
@@ -69,6 +69,12 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("--duration", type=_positive, default=None, help="seconds to record (until Ctrl-C)")
     rec.add_argument("--interval", type=_positive, default=1.0, help="seconds per tick (1)")
     rec.add_argument("--no-stacks", action="store_true", help="do not run py-spy (no data wait)")
+
+    exp = sub.add_parser("export", help="serve Prometheus metrics of the jobs")
+    exp.add_argument("pids", nargs="+", type=_pid, metavar="PID")
+    exp.add_argument("--listen", default="127.0.0.1:9464", help="HOST:PORT (127.0.0.1:9464; all interfaces: 0.0.0.0)")
+    exp.add_argument("--interval", type=_positive, default=5.0, help="seconds per tick (5)")
+    exp.add_argument("--no-stacks", action="store_true", help="do not run py-spy (no data wait)")
 
     rep = sub.add_parser("replay", help="watch a recording in the live view")
     rep.add_argument("recording", metavar="FILE")
@@ -307,6 +313,35 @@ def cmd_record(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from .sampler import Sampler
+
+    _check_pids(args.pids)
+    host, sep, port = args.listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"--listen {args.listen!r}: give HOST:PORT, e.g. 127.0.0.1:9464")
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        raise UsageError("the exporter needs prometheus-client: pip install prometheus-client") from None
+    from .export import serve
+
+    stacks = None
+    if not args.no_stacks:
+        from .probes.stacks import StackSampler
+
+        stacks = StackSampler(window_s=5, rolling_s=30.0, dump_interval_s=5.0)
+    sampler = Sampler(args.pids, interval_s=args.interval, stacks=stacks)
+    print(f"loadertop: metrics on http://{args.listen}/metrics (Ctrl-C stops)", file=sys.stderr)
+    try:
+        serve(sampler, args.listen, args.interval)
+    except OSError as e:
+        raise UsageError(f"cannot listen on {args.listen}: {e.strerror}") from None
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     from .tui.source import ScriptedSource
 
@@ -331,6 +366,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return cmd_record(args)
             if args.command == "replay":
                 return cmd_replay(args)
+            if args.command == "export":
+                return cmd_export(args)
         if argv and not argv[0].startswith("-") and not argv[0].isdigit():
             raise UsageError(f"unknown command {argv[0]!r}: use a PID, or one of {', '.join(SUBCOMMANDS)}")
         return cmd_monitor(_monitor_parser().parse_args(argv))

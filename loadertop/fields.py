@@ -54,3 +54,61 @@ def human_age(seconds: float | None) -> str:
     if seconds < 3600:
         return f"{seconds // 60}m{seconds % 60:02d}s"
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+# --- Prometheus metrics: one description each, read by loadertop.export -----------------
+
+HOST_LABELS = ["hostname"]
+TRAINER_LABELS = ["hostname", "trainer_pid", "rank"]
+PROCESS_LABELS = [*TRAINER_LABELS, "pid", "worker_id", "role"]
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    help: str
+    scope: str  # host | trainer | process
+    value: object  # function of the HostSnapshot / TrainerSnapshot / ProcessSample
+
+    @property
+    def labels(self) -> list[str]:
+        return {"host": HOST_LABELS, "trainer": TRAINER_LABELS, "process": PROCESS_LABELS,
+                "finding": ["hostname", "trainer_pid", "id", "severity"]}[self.scope]
+
+
+def _help(key: str) -> str:
+    return next(f.help for f in (*WORKER_FIELDS, *TRAINER_FIELDS) if f.key == key)
+
+
+def _shm(attr):
+    return lambda t: getattr(t.shm, attr) if t.shm is not None else None
+
+
+def _csw(p):
+    if p.ctx_switches_voluntary_per_s is None:
+        return None
+    return p.ctx_switches_voluntary_per_s + (p.ctx_switches_involuntary_per_s or 0.0)
+
+
+EXPORTED = (
+    Metric("loadertop_data_wait_ratio", _help("data_wait_fraction") + " (0-1, py-spy)", "trainer",
+           lambda t: t.data_wait.fraction if t.data_wait else None),
+    Metric("loadertop_workers", "DataLoader worker processes of the trainer", "trainer", lambda t: len(t.workers)),
+    Metric("loadertop_worker_respawns_total", "workers started again after others exited (epoch churn)",
+           "trainer", lambda t: t.worker_respawns),
+    Metric("loadertop_shm_used_bytes", _help("shm_used_bytes"), "trainer", _shm("used_bytes")),
+    Metric("loadertop_shm_total_bytes", "size of the trainer's own /dev/shm", "trainer", _shm("total_bytes")),
+    Metric("loadertop_trainer_up", "1 while the trainer runs, 0 once it exited", "trainer",
+           lambda t: 1.0 if t.status == "running" else 0.0),
+    Metric("loadertop_cpu_percent", _help("cpu_percent"), "process", lambda p: p.cpu_percent),
+    Metric("loadertop_uss_bytes", _help("uss_bytes"), "process", lambda p: p.uss_bytes),
+    Metric("loadertop_rss_bytes", _help("rss_bytes"), "process", lambda p: p.rss_bytes),
+    Metric("loadertop_pss_bytes", "proportional set size: shared pages divided among sharers", "process",
+           lambda p: p.pss_bytes),
+    Metric("loadertop_threads", "threads of the process", "process", lambda p: p.threads),
+    Metric("loadertop_context_switches_per_second", _help("ctx_switches_per_s"), "process", _csw),
+    Metric("loadertop_host_cpu_percent", _help("host_cpu_percent"), "host", lambda h: h.cpu_percent),
+    Metric("loadertop_host_dataloader_workers", "DataLoader workers of every trainer on the host", "host",
+           lambda h: h.dataloader_workers),
+)
+FINDING_METRIC = Metric("loadertop_finding", "1 for each active finding, by id and severity", "finding", None)
