@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 from synth import TRAINER, data_wait, host, snapshot, story, trainer
 
+from loadertop.rules import diagnose
 from loadertop.tui.app import LoadertopApp
 from loadertop.tui.source import ScriptedSource
 from loadertop.tui.widgets.panels import FindingsPanel, HeaderPanel, OverviewPanel
@@ -132,3 +133,25 @@ async def test_missing_data_renders_as_na():
         table = app.query_one(WorkersTable)
         assert table.rows[1][2] == "n/a"
         assert "WATCHING" in text_of(app, HeaderPanel)  # no data wait: not called healthy
+
+
+async def test_replay_seek_step_and_speed():
+    source = ScriptedSource(starved(40), interval_s=0.01)
+    app = LoadertopApp(source)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_until(pilot, lambda: app.ended)
+        assert "REPLAY" in text_of(app, HeaderPanel)
+        await pilot.press("left")
+        assert source.position == 30 and len(app.history) == 30
+        await pilot.press("left", "left", "left")
+        assert source.position == 1
+        await pilot.press("full_stop")
+        assert app.paused and source.position == 2
+        await pilot.press("right")
+        assert source.position == 12
+        # The diagnosis is folded again up to the new position.
+        assert app.findings == diagnose(source.snapshots[:12])
+        assert [f.id for f in app.findings] == ["input_bound"]
+        source.interval_s = 0.2
+        await pilot.press("right_square_bracket")
+        assert source.interval_s == 0.1

@@ -42,6 +42,12 @@ class LoadertopApp(App):
         Binding("minus", "faster", "- interval", show=False),
         Binding("tab", "next_trainer", "next trainer", priority=True),
         Binding("o", "sort", "sort"),
+        # Replay only: seek, step, speed.
+        Binding("left", "seek(-10)", "back 10 s", show=False),
+        Binding("right", "seek(10)", "forward 10 s", show=False),
+        Binding("full_stop", "step", "step", show=False),
+        Binding("left_square_bracket", "speed(0.5)", "slower replay", show=False),
+        Binding("right_square_bracket", "speed(2)", "faster replay", show=False),
     ] + [Binding(str(i), f"select({i - 1})", show=False) for i in range(1, 10)]
 
     def __init__(self, source=None, save_dir: str | Path = ".", on_exit=None, gpu=None) -> None:
@@ -202,6 +208,46 @@ class LoadertopApp(App):
 
     def action_faster(self) -> None:
         self._set_interval(-1)
+
+    # --- replay ----------------------------------------------------------------------
+
+    def _replaying(self) -> bool:
+        return hasattr(self.source, "seek")
+
+    def action_seek(self, seconds: float) -> None:
+        if not self._replaying() or not self.snapshot:
+            return
+        interval = self.snapshot.interval_s or 1.0
+        prefix, findings = self.source.seek(self.source.position + round(seconds / interval))
+        self._show_prefix(prefix, findings)
+
+    def action_step(self) -> None:
+        """One snapshot forward; pauses the replay."""
+        if not self._replaying():
+            return
+        self.paused = True
+        prefix, findings = self.source.seek(self.source.position + 1)
+        self._show_prefix(prefix, findings)
+
+    def action_speed(self, factor: float) -> None:
+        if self._replaying():
+            self.source.interval_s = max(0.01, self.source.interval_s / factor)
+            self.notify(f"replay at one snapshot every {self.source.interval_s:.2g} s")
+
+    def _show_prefix(self, prefix: list[Snapshot], findings: list[Finding]) -> None:
+        self.history.clear()
+        history = self.query_one(HistoryPanel)
+        events = self.query_one(EventsPanel)
+        history.reset()
+        events.events.clear()
+        for snap in prefix:
+            self.history.append(snap)
+            history.record(snap)
+            events.record(snap)
+        self.snapshot, self.findings = prefix[-1], findings
+        self.ended = self.source.position >= len(self.source.snapshots)
+        self.refresh_view()
+        self.notify(f"snapshot {self.source.position}/{len(self.source.snapshots)}", timeout=2)
 
     def action_save(self) -> None:
         path = self.save_report()

@@ -3,7 +3,8 @@ scripted stream (tests, and recordings later). Headless: no Textual import here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Iterable
 
 from ..model import Finding, Snapshot
 from ..rules import Diagnoser
@@ -39,21 +40,36 @@ class LiveSource:
 
 
 class ScriptedSource:
-    """Plays prepared snapshots, one per `next()`; then returns None (the stream ended)."""
+    """Plays prepared snapshots (tests, recordings), one per `next()`; None at the end.
+    `seek` moves to any snapshot: the diagnosis is folded again up to there."""
 
     live = False
     lockstep = True  # every snapshot reaches the screen: none is dropped
 
     def __init__(self, snapshots: Iterable[Snapshot], interval_s: float = 0.05) -> None:
-        self._it: Iterator[Snapshot] = iter(snapshots)
+        self.snapshots = list(snapshots)
+        self.position = 0
         self.interval_s = interval_s
         self.diagnoser = Diagnoser()
+        self._lock = threading.Lock()
 
     def next(self) -> tuple[Snapshot, list[Finding]] | None:
-        snap = next(self._it, None)
-        if snap is None:
-            return None
-        return snap, self.diagnoser.feed(snap)
+        with self._lock:
+            if self.position >= len(self.snapshots):
+                return None
+            snap = self.snapshots[self.position]
+            self.position += 1
+            return snap, self.diagnoser.feed(snap)
+
+    def seek(self, position: int) -> tuple[list[Snapshot], list[Finding]]:
+        """Go to snapshot `position`; returns the snapshots up to it and the findings there."""
+        with self._lock:
+            self.position = max(1, min(len(self.snapshots), position))
+            self.diagnoser = Diagnoser()
+            findings: list[Finding] = []
+            for snap in self.snapshots[: self.position]:
+                findings = self.diagnoser.feed(snap)
+            return self.snapshots[: self.position], findings
 
     def close(self) -> None:
         pass

@@ -17,6 +17,9 @@ KEYS = (
     ("+ / -", "slower / faster sampling"),
     ("tab, 1-9", "next trainer / trainer N"),
     ("o", "sort workers by id, CPU, USS, RSS"),
+    ("← / →", "replay: back / forward 10 s"),
+    (".", "replay: one snapshot forward (pauses)"),
+    ("[ / ]", "replay: slower / faster"),
 )
 
 

@@ -98,6 +98,9 @@ class HistoryPanel(Panel):
 
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
+        self.reset()
+
+    def reset(self) -> None:
         self.wait: dict[int, deque] = {}
         self.gpu: dict[int, deque] = {}
         self.cpu: deque = deque(maxlen=300)
