@@ -99,6 +99,11 @@ def build(args):
     dataset = StreamData(cfg) if args.iterable else MapData(cfg)
     train = loader(dataset, args.workers)
     val = loader(MapData(cfg), args.val_workers) if args.val_workers else None
+    if args.watch:
+        from loadertop import watch
+
+        train = watch(train, name="train")
+        val = watch(val, name="val") if val is not None else None
     return train, val
 
 
@@ -128,6 +133,7 @@ def main(argv=None) -> int:
     p.add_argument("--ready", help="touch this file when the first batch arrives")
     p.add_argument("--dist", action="store_true", help="join a gloo process group (torchrun)")
     p.add_argument("--device", default="cpu", help="cpu, or cuda for a GPU training step")
+    p.add_argument("--watch", action="store_true", help="publish exact data wait with loadertop.watch")
     args = p.parse_args(argv)
 
     torch.manual_seed(0)

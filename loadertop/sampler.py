@@ -16,6 +16,7 @@ from typing import Protocol
 from .model import DataWait, Event, LoaderConfig, Notice, ProcessSample, Snapshot, TrainerSnapshot
 from .probes import procfs
 from .probes.gpu import GpuProbe
+from .probes.hooks import HookReader
 from .probes.host import HostProbe, usable_cpus
 from .probes.procs import Discovery, ExitWatch, Key, ProcessSampler, Tree, key_of
 from .probes.shm import read_shm
@@ -114,6 +115,7 @@ class Sampler:
         self.gpu = gpu if gpu is not None else GpuProbe()
         self.stacks = stacks
         self.exits = ExitWatch()
+        self.hooks = HookReader()
         self.jobs: list[_Job] = []
         for pid in pids:
             st = procfs.read_stat(pid)
@@ -149,12 +151,14 @@ class Sampler:
             for n in self.stacks.notices():
                 board.add(n)
             trainers = [self._with_stacks(t) for t in trainers]
-        else:
+        trainers = [self._with_hook(t, now) for t in trainers]
+        self.hooks.forget({(t.pid, t.started_at) for t in trainers})
+        if self.stacks is None and not any(t.data_wait for t in trainers):
             board.add(
                 Notice(
                     "data_wait_off",
                     "data wait is not measured: stack sampling is off",
-                    "run without --no-stacks (needs py-spy and ptrace permission)",
+                    "run without --no-stacks (needs py-spy and ptrace), or add loader = loadertop.watch(loader)",
                 )
             )
         trainers = [self._with_gpus(t, gpus) for t in trainers]
@@ -421,6 +425,16 @@ class Sampler:
             main=replace(t.main, doing=main_doing(data_wait)),
             loaders=tuple(LoaderConfig(k[0], k[1], k[2], tuple(v)) for k, v in loaders.items()),
         )
+
+    def _with_hook(self, t: TrainerSnapshot, now: float) -> TrainerSnapshot:
+        """The hook's exact figures win over stack sampling where the script publishes them."""
+        if t.status != "running":
+            return t
+        dw = self.hooks.data_wait(t.pid, t.started_at, now)
+        if dw is None:
+            return t
+        loaders = t.loaders or self.hooks.loaders(t.pid, t.started_at, tuple(w.pid for w in t.workers))
+        return replace(t, data_wait=dw, loaders=loaders, main=replace(t.main, doing=main_doing(dw)))
 
     @staticmethod
     def _with_gpus(t: TrainerSnapshot, gpus) -> TrainerSnapshot:

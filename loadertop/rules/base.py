@@ -164,6 +164,17 @@ def finding(
     )
 
 
+def enough_evidence(dw) -> bool:
+    """A hook's figure is exact; a sampled one needs enough py-spy samples."""
+    return dw.source == "hook" or dw.samples >= T.MIN_STACK_SAMPLES
+
+
+def wait_above(dw, value: float, threshold: float) -> bool:
+    """value (a share of dw's window) is above threshold: exactly for a hook's figure,
+    beyond sampling error for py-spy's."""
+    return value >= threshold if dw.source == "hook" else surely_above(value, dw.samples, threshold)
+
+
 def surely_above(fraction: float, samples: int, threshold: float) -> bool:
     """The sampled fraction exceeds the threshold by more than its sampling error
     (CONFIDENCE_Z standard errors of a binomial share): 8% of 70 samples is not evidence of 5%."""

@@ -5,18 +5,30 @@ from __future__ import annotations
 import math
 
 from . import thresholds as T
-from .base import CRITICAL, FINE, UNKNOWN, WARNING, Check, Context, finding, pct, predicted_wait, surely_above
+from .base import (
+    CRITICAL,
+    FINE,
+    UNKNOWN,
+    WARNING,
+    Check,
+    Context,
+    enough_evidence,
+    finding,
+    pct,
+    predicted_wait,
+    wait_above,
+)
 
 
 def check(ctx: Context) -> Check:
     dw = ctx.data_wait()
-    if dw is None or dw.samples < T.MIN_STACK_SAMPLES:
+    if dw is None or not enough_evidence(dw):
         return UNKNOWN
-    if ctx.num_workers == 0 or not surely_above(dw.fraction, dw.samples, T.DATA_WAIT_WARNING):
+    if ctx.num_workers == 0 or not wait_above(dw, dw.fraction, T.DATA_WAIT_WARNING):
         return FINE  # with num_workers=0 the main process loads: main_process_bound says so
     if (dw.main_process_fraction or 0.0) > (dw.worker_wait_fraction or 0.0):
         return FINE  # the main process itself is the bottleneck, not the workers
-    level = CRITICAL if surely_above(dw.fraction, dw.samples, T.DATA_WAIT_CRITICAL) else WARNING
+    level = CRITICAL if wait_above(dw, dw.fraction, T.DATA_WAIT_CRITICAL) else WARNING
     wait = dw.fraction
     n = ctx.num_workers
     cpu = ctx.worker_cpu

@@ -3,17 +3,29 @@
 from __future__ import annotations
 
 from . import thresholds as T
-from .base import CRITICAL, FINE, UNKNOWN, WARNING, Check, Context, finding, pct, predicted_wait, surely_above
+from .base import (
+    CRITICAL,
+    FINE,
+    UNKNOWN,
+    WARNING,
+    Check,
+    Context,
+    enough_evidence,
+    finding,
+    pct,
+    predicted_wait,
+    wait_above,
+)
 
 
 def check(ctx: Context) -> Check:
     dw = ctx.data_wait()
-    if dw is None or dw.samples < T.MIN_STACK_SAMPLES or dw.main_process_fraction is None:
+    if dw is None or not enough_evidence(dw) or dw.main_process_fraction is None:
         return UNKNOWN
     main = dw.main_process_fraction
-    if not surely_above(main, dw.samples, T.DATA_WAIT_WARNING) or main < (dw.worker_wait_fraction or 0.0):
+    if not wait_above(dw, main, T.DATA_WAIT_WARNING) or main < (dw.worker_wait_fraction or 0.0):
         return FINE
-    level = CRITICAL if surely_above(main, dw.samples, T.DATA_WAIT_CRITICAL) else WARNING
+    level = CRITICAL if wait_above(dw, main, T.DATA_WAIT_CRITICAL) else WARNING
     evidence = {"main_process_fraction": main, "data_wait_fraction": dw.fraction,
                 "num_workers": ctx.num_workers, "samples": dw.samples, "usable_cpus": ctx.usable_cpus}
     if ctx.num_workers == 0:

@@ -76,6 +76,8 @@ class HeaderPanel(Panel):
         line.append(f" {word} ", style=f"bold reverse {colour}")
         dw = trainer.data_wait
         line.append(f"  data wait {_pct(dw.fraction if dw else None)}")
+        if dw is not None and dw.source == "hook":
+            line.append(" (exact, hook)", style="dim")
         util = [g.utilization_percent for g in snap.gpus if g.index in trainer.gpus]
         if util and util[0] is not None:
             line.append(f"   GPU{trainer.gpus[0]} {util[0]:.0f}%")

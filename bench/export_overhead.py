@@ -1,0 +1,65 @@
+"""CPU of the headless exporter (with its py-spy children) attached to an 8-worker job, at
+its default interval, scraped every 15 s like a Prometheus server would.
+
+Run: python bench/export_overhead.py [--seconds 60] [--interval 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu(pid: int) -> tuple[float, float]:
+    with open(f"/proc/{pid}/stat") as f:
+        v = f.read().rsplit(")", 1)[1].split()
+    return (int(v[11]) + int(v[12])) / TCK, (int(v[13]) + int(v[14])) / TCK
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--seconds", type=float, default=60)
+    p.add_argument("--interval", type=float, default=5)
+    p.add_argument("--workers", type=int, default=8)
+    args = p.parse_args()
+    job = subprocess.Popen([sys.executable, "-m", "loadertop.demo_job", "--workers", str(args.workers), "--persistent",
+                            "--sleep-ms", "20", "--batch-size", "4", "--step-ms", "20", "--duration",
+                            str(args.seconds + 60)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           start_new_session=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    time.sleep(8)
+    exporter = subprocess.Popen([sys.executable, "-m", "loadertop", "export", str(job.pid), "--listen",
+                                 f"127.0.0.1:{port}", "--interval", str(args.interval)], cwd=REPO,
+                                stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(args.interval + 3)
+        own0, kids0 = cpu(exporter.pid)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < args.seconds:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+            time.sleep(15)
+        own1, kids1 = cpu(exporter.pid)
+        wall = time.monotonic() - t0
+        print(f"| exporter, {args.workers} workers, every {args.interval:g} s | {100 * (own1 - own0) / wall:.2f}% "
+              f"| {100 * (kids1 - kids0) / wall:.2f}% | {100 * (own1 - own0 + kids1 - kids0) / wall:.2f}% |")
+    finally:
+        exporter.send_signal(signal.SIGINT)
+        exporter.wait(timeout=15)
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""`loader = loadertop.watch(loader)`: exact data wait from inside the training script.
+
+For clusters where ptrace (py-spy) is refused. The wrapper times each `next()` and writes
+cumulative counters into a small fixed-layout file in /dev/shm (mmap, a few µs per batch),
+which the monitor reads from outside without ptrace and without a network port. It imports
+nothing heavy, never changes what the loader yields, and never raises into the training
+loop: if the file cannot be written it warns once and does nothing more.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import json
+import mmap
+import os
+import struct
+import time
+import warnings
+
+MAGIC = b"LTHOOK1\0"
+SIZE = 4096
+# magic, pid, started, heartbeat, wait_ns, batches, first_batch_at, last_batch_at, batch_bytes,
+# config length, in_next_since (0 when not inside next(): a wait in progress is visible).
+HEADER = struct.Struct("<8sqddQQddQId")
+COUNTERS = struct.Struct("<dQQdd")  # heartbeat, wait_ns, batches, first_batch_at, last_batch_at
+COUNTERS_AT = 24  # after magic, pid, started
+BYTES_AT = 64
+IN_NEXT_AT = 76
+CONFIG_AT = 128
+DIRECTORY = "/dev/shm"
+_names = itertools.count()
+
+
+def hook_path(pid: int, name: str, directory: str = DIRECTORY) -> str:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:64]
+    return os.path.join(directory, f"loadertop-{pid}-{safe}.hook")
+
+
+def _batch_bytes(batch, depth: int = 0) -> int:
+    """Bytes of the tensors in a batch (nested lists, tuples, dicts), without importing torch."""
+    if depth > 6:
+        return 0
+    if hasattr(batch, "element_size") and hasattr(batch, "nelement"):
+        return int(batch.element_size() * batch.nelement())
+    if isinstance(batch, dict):
+        return sum(_batch_bytes(v, depth + 1) for v in batch.values())
+    if isinstance(batch, (list, tuple)):
+        return sum(_batch_bytes(v, depth + 1) for v in batch)
+    return 0
+
+
+def _config(loader) -> dict:
+    ctx = getattr(loader, "multiprocessing_context", None)
+    dataset = getattr(loader, "dataset", None)
+    return {
+        "batch_size": getattr(loader, "batch_size", None),
+        "num_workers": getattr(loader, "num_workers", None),
+        "prefetch_factor": getattr(loader, "prefetch_factor", None),
+        "pin_memory": getattr(loader, "pin_memory", None),
+        "persistent_workers": getattr(loader, "persistent_workers", None),
+        "dataset_class": type(dataset).__name__ if dataset is not None else None,
+        "multiprocessing_context": getattr(ctx, "_name", None) or (str(ctx) if ctx is not None else None),
+    }
+
+
+class _Publisher:
+    def __init__(self, name: str, config: dict, directory: str) -> None:
+        self.path = hook_path(os.getpid(), name, directory)
+        self.map: mmap.mmap | None = None
+        self.wait_ns = 0
+        self.batches = 0
+        self.first = 0.0
+        self.last = 0.0
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+            try:
+                os.fchmod(fd, 0o644)  # readable by a monitor running as another user
+                os.ftruncate(fd, SIZE)
+                self.map = mmap.mmap(fd, SIZE)
+            finally:
+                os.close(fd)
+            blob = json.dumps(config, default=str).encode()[: SIZE - CONFIG_AT]
+            now = time.time()
+            HEADER.pack_into(self.map, 0, MAGIC, os.getpid(), now, now, 0, 0, 0.0, 0.0, 0, len(blob), 0.0)
+            self.map[CONFIG_AT : CONFIG_AT + len(blob)] = blob
+            atexit.register(self.close)
+        except (OSError, ValueError) as e:
+            self.map = None
+            warnings.warn(f"loadertop.watch disabled: cannot write {self.path} ({e})", RuntimeWarning, stacklevel=4)
+
+    def entering(self) -> None:
+        if self.map is not None:
+            try:
+                struct.pack_into("<d", self.map, IN_NEXT_AT, time.time())
+            except Exception:  # the hook must never break training
+                self.map = None
+
+    def record(self, waited_ns: int, batch, delivered: bool = True) -> None:
+        if self.map is None:
+            return
+        try:
+            now = time.time()
+            self.wait_ns += waited_ns
+            self.batches += delivered
+            if delivered and self.batches == 1:
+                self.first = now
+                struct.pack_into("<Q", self.map, BYTES_AT, _batch_bytes(batch))
+            self.last = now
+            COUNTERS.pack_into(self.map, COUNTERS_AT, now, self.wait_ns, self.batches, self.first, self.last)
+            struct.pack_into("<d", self.map, IN_NEXT_AT, 0.0)
+        except Exception:  # the hook must never break training
+            self.map = None
+
+    def close(self) -> None:
+        if self.map is not None:
+            try:
+                self.map.close()
+                os.unlink(self.path)
+            except OSError:
+                pass
+            self.map = None
+
+
+class _Iterator:
+    __slots__ = ("_it", "_pub")
+
+    def __init__(self, it, pub: _Publisher) -> None:
+        self._it = it
+        self._pub = pub
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        self._pub.entering()
+        t0 = time.perf_counter_ns()
+        try:
+            batch = next(self._it)  # StopIteration and errors pass through untouched
+        except BaseException:
+            self._pub.record(time.perf_counter_ns() - t0, None, delivered=False)
+            raise
+        self._pub.record(time.perf_counter_ns() - t0, batch)
+        return batch
+
+    def __getattr__(self, name):
+        return getattr(self._it, name)
+
+
+class WatchedLoader:
+    """Iterates exactly like the wrapped loader; every other attribute is the loader's."""
+
+    def __init__(self, loader, name: str | None = None, directory: str = DIRECTORY) -> None:
+        self._loader = loader
+        self._pub = _Publisher(name or f"loader{next(_names)}", _config(loader), directory)
+
+    def __iter__(self):
+        return _Iterator(iter(self._loader), self._pub)
+
+    def __len__(self):
+        return len(self._loader)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+def watch(loader, name: str | None = None, directory: str = DIRECTORY):
+    """Wrap a DataLoader so that loadertop reads its exact data wait. Returns the wrapper."""
+    return WatchedLoader(loader, name, directory)
+
+
+# --- the monitor's side ------------------------------------------------------------------
+
+
+def read_hook(path: str) -> dict | None:
+    """One hook file, or None if it is not one (or is torn)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(SIZE)
+    except OSError:
+        return None
+    if len(raw) < HEADER.size or raw[:8] != MAGIC:
+        return None
+    _, pid, started, beat, wait_ns, batches, first, last, nbytes, clen, in_next = HEADER.unpack_from(raw, 0)
+    try:
+        config = json.loads(raw[CONFIG_AT : CONFIG_AT + clen]) if clen else {}
+    except ValueError:
+        config = {}
+    name = os.path.basename(path)[len(f"loadertop-{pid}-") : -len(".hook")]
+    return {"name": name, "pid": pid, "started": started, "heartbeat": beat, "wait_s": wait_ns / 1e9,
+            "batches": batches, "first_batch_at": first, "last_batch_at": last, "batch_bytes": nbytes or None,
+            "in_next_since": in_next or None, "config": config}

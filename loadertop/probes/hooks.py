@@ -1,0 +1,73 @@
+"""Reads the files `loadertop.watch()` publishes in a trainer's /dev/shm: exact data wait
+without ptrace. Keeps recent readings per loader to give the wait over a rolling window."""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections import deque
+
+from ..hook import read_hook
+from ..model import DataWait, LoaderConfig
+from . import procfs
+
+
+def hook_files(pid: int) -> list[str]:
+    """The trainer's hook files: through its own root (a container's /dev/shm), or our
+    /dev/shm when it is the same mount (another user's root is closed to us)."""
+    pattern = f"loadertop-{pid}-*.hook"
+    files = glob.glob(os.path.join(f"{procfs.PROC}/{pid}/root/dev/shm", pattern))
+    if files:
+        return files
+    theirs = procfs.mountinfo_line(pid, "/dev/shm")
+    ours = procfs.mountinfo_line("self", "/dev/shm")
+    if theirs and ours and theirs.split()[0] == ours.split()[0]:
+        return glob.glob(os.path.join("/dev/shm", pattern))
+    return []
+
+
+class HookReader:
+    def __init__(self, rolling_s: float = 30.0) -> None:
+        self.rolling_s = rolling_s
+        self._readings: dict[tuple[int, float], dict[str, deque]] = {}
+        self.configs: dict[tuple[int, float], dict[str, dict]] = {}
+
+    def data_wait(self, pid: int, started_at: float, now: float) -> DataWait | None:
+        key = (pid, started_at)
+        hooks = [h for h in (read_hook(f) for f in hook_files(pid)) if h and h["pid"] == pid
+                 and h["started"] >= started_at - 1]
+        if not hooks:
+            self._readings.pop(key, None)
+            return None
+        per_loader = self._readings.setdefault(key, {})
+        self.configs[key] = {h["name"]: {**h["config"], "batch_bytes": h["batch_bytes"]} for h in hooks}
+        waited = batches = 0.0
+        span = 0.0
+        stalled = 0.0
+        for h in hooks:
+            # A next() in progress counts as waiting up to now.
+            ongoing = max(0.0, now - h["in_next_since"]) if h["in_next_since"] else 0.0
+            stalled = max(stalled, ongoing)
+            readings = per_loader.setdefault(h["name"], deque())
+            readings.append((now, h["wait_s"] + ongoing, h["batches"]))
+            while readings and readings[0][0] < now - self.rolling_s:
+                readings.popleft()
+            first, last = readings[0], readings[-1]
+            waited += last[1] - first[1]
+            batches += last[2] - first[2]
+            span = max(span, last[0] - first[0])
+        if span <= 0:
+            return None
+        fraction = min(1.0, max(0.0, waited / span))
+        return DataWait(fraction=fraction, worker_wait_fraction=None, main_process_fraction=None, breakdown=(),
+                        samples=int(batches), window_s=span, stalled_for_s=stalled, source="hook")
+
+    def loaders(self, pid: int, started_at: float, worker_pids: tuple[int, ...]) -> tuple[LoaderConfig, ...]:
+        configs = self.configs.get((pid, started_at), {})
+        return tuple(LoaderConfig(c.get("dataset_class"), c.get("num_workers"), c.get("persistent_workers"),
+                                  worker_pids) for c in configs.values())
+
+    def forget(self, live: set) -> None:
+        for table in (self._readings, self.configs):
+            for key in [k for k in table if k not in live]:
+                del table[key]
