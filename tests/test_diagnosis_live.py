@@ -77,10 +77,12 @@ def test_copy_on_read_memory_growth(job):
 
 @pytest.mark.skipif(not _can_unshare(), reason="unshare of a mount namespace is not permitted here")
 def test_small_dev_shm_fills(job):
-    size = 6 * 2**20
+    # 2 workers x prefetch_factor 4 = 8 batches of 1 MiB in flight (9 with the one in use)
+    # in a 9.5 MiB /dev/shm: 84-95 % full, below the crash.
+    size = 19 * 2**19
     script = f'mount -t tmpfs -o size={size} tmpfs /dev/shm && exec "$0" "$@"'
-    j = job("--workers", "2", "--persistent", "--tensor-kb", "128", "--batch-size", "8", "--step-ms", "150",
-            cmd=["unshare", "-m", "--propagation", "private", "sh", "-c", script, PYTHON])
+    j = job("--workers", "2", "--persistent", "--prefetch", "4", "--tensor-kb", "128", "--batch-size", "8",
+            "--step-ms", "150", cmd=["unshare", "-m", "--propagation", "private", "sh", "-c", script, PYTHON])
     j.wait_ready()
     rep = report(j.pid, duration=8, stacks=False)
     f = findings(rep)

@@ -349,11 +349,11 @@ class ExitWatch:
 
     A killed worker is a zombie for only ~0.2 s before torch reaps it, and then the whole
     family is gone: a 1 s tick would rarely see how it died. This thread reads the watched
-    workers' stat every 20 ms (slower with many workers: ~8 µs per read) and keeps the exit
+    workers' stat every 40 ms (slower with many workers: ~8 µs per read) and keeps the exit
     status of those it sees as zombies.
     """
 
-    def __init__(self, min_interval_s: float = 0.02, per_process_s: float = 0.002) -> None:
+    def __init__(self, min_interval_s: float = 0.04, per_process_s: float = 0.002) -> None:
         self.min_interval_s = min_interval_s
         self.per_process_s = per_process_s
         self._keys: frozenset[Key] = frozenset()
