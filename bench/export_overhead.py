@@ -31,6 +31,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=60)
     p.add_argument("--interval", type=float, default=5)
     p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--no-stacks", dest="extra", action="store_const", const=["--no-stacks"], default=[])
     args = p.parse_args()
     job = subprocess.Popen([sys.executable, "-m", "loadertop.demo_job", "--workers", str(args.workers), "--persistent",
                             "--sleep-ms", "20", "--batch-size", "4", "--step-ms", "20", "--duration",
@@ -41,7 +42,7 @@ def main() -> None:
         port = s.getsockname()[1]
     time.sleep(8)
     exporter = subprocess.Popen([sys.executable, "-m", "loadertop", "export", str(job.pid), "--listen",
-                                 f"127.0.0.1:{port}", "--interval", str(args.interval)], cwd=REPO,
+                                 f"127.0.0.1:{port}", "--interval", str(args.interval), *args.extra], cwd=REPO,
                                 stderr=subprocess.DEVNULL)
     try:
         time.sleep(args.interval + 3)
@@ -52,7 +53,8 @@ def main() -> None:
             time.sleep(15)
         own1, kids1 = cpu(exporter.pid)
         wall = time.monotonic() - t0
-        print(f"| exporter, {args.workers} workers, every {args.interval:g} s | {100 * (own1 - own0) / wall:.2f}% "
+        label = f"exporter, {args.workers} workers, every {args.interval:g} s" + (" (no py-spy)" if args.extra else "")
+        print(f"| {label} | {100 * (own1 - own0) / wall:.2f}% "
               f"| {100 * (kids1 - kids0) / wall:.2f}% | {100 * (own1 - own0 + kids1 - kids0) / wall:.2f}% |")
     finally:
         exporter.send_signal(signal.SIGINT)

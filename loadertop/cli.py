@@ -330,7 +330,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     if not args.no_stacks:
         from .probes.stacks import StackSampler
 
-        stacks = StackSampler(window_s=5, rolling_s=30.0, dump_interval_s=5.0)
+        # A 10 s window every 30 s: a dashboard needs the trend, not every second.
+        stacks = StackSampler(window_s=10, rolling_s=60.0, dump_interval_s=10.0, gap_s=20.0)
     sampler = Sampler(args.pids, interval_s=args.interval, stacks=stacks)
     print(f"loadertop: metrics on http://{args.listen}/metrics (Ctrl-C stops)", file=sys.stderr)
     try:

@@ -296,8 +296,11 @@ class StackSampler:
         dump_interval_s: float = 1.0,
         stall_fraction: float = 0.95,
         pyspy: str | None = None,
+        gap_s: float = 0.0,
     ) -> None:
+        """gap_s: pause between a trainer's windows (duty cycle), to sample less often."""
         self.window_s = max(1, int(window_s))
+        self.gap_s = gap_s
         self.rate_hz = rate_hz
         self.rolling_s = rolling_s
         self.dump_interval_s = dump_interval_s
@@ -312,6 +315,7 @@ class StackSampler:
         self._dumped_at: dict[int, float] = {}
         self._notices: dict[tuple[str, int | None], Notice] = {}
         self._refused_until: dict[int, float] = {}
+        self._next_start: dict[int, float] = {}
         self._tmp = tempfile.mkdtemp(prefix="loadertop-stacks-")
         self._accepting = True
         self._stop = threading.Event()
@@ -392,7 +396,8 @@ class StackSampler:
                 accepting = self._accepting
             now = time.monotonic()
             for pid in targets if accepting else ():
-                if pid not in self._recordings and now >= self._refused_until.get(pid, 0.0):
+                due = max(self._refused_until.get(pid, 0.0), self._next_start.get(pid, 0.0))
+                if pid not in self._recordings and now >= due:
                     self._start_recording(pid)
             for pid, rec in list(self._recordings.items()):
                 if rec.proc.poll() is not None:
@@ -405,7 +410,7 @@ class StackSampler:
                 if worker is not None:
                     self._dump(worker, now)
                     last_dump = now
-            self._stop.wait(0.05)
+            self._stop.wait(0.2)  # windows last seconds: a fifth of a second late is fine
 
     def _start_recording(self, pid: int) -> None:
         output = os.path.join(self._tmp, f"{pid}-{time.monotonic_ns()}.txt")
@@ -430,6 +435,7 @@ class StackSampler:
             except OSError:
                 pass
         counts = parse_raw(text, pid) if text else {}
+        self._next_start[pid] = time.monotonic() + self.gap_s
         with self._lock:
             self._recordings.pop(pid, None)
             if timed_out:

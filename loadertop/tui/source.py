@@ -19,7 +19,7 @@ class LiveSource:
         from ..probes.stacks import StackSampler
         from ..sampler import Sampler
 
-        self.stacks = StackSampler(window_s=5, rolling_s=30.0, dump_interval_s=2.0) if stacks else None
+        self.stacks = StackSampler(window_s=10, rolling_s=30.0, dump_interval_s=10.0) if stacks else None
         self.sampler = Sampler(pids, interval_s=interval_s, stacks=self.stacks)
         self.diagnoser = Diagnoser()
 
