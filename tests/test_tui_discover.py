@@ -1,0 +1,29 @@
+"""`loadertop` with no PID: the discovery screen lists real training processes; Enter attaches."""
+
+from __future__ import annotations
+
+from test_tui import text_of, wait_until
+
+from loadertop.tui.app import LoadertopApp
+from loadertop.tui.widgets.panels import HeaderPanel
+
+
+async def test_discovery_lists_the_job_and_enter_attaches(job):
+    j = job("--workers", "2", "--persistent", "--item-ms", "5")
+    j.wait_ready()
+    j.wait_workers(2)
+    app = LoadertopApp(None)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await pilot.pause(0.5)
+        from textual.widgets import DataTable
+
+        table = app.screen.query_one(DataTable)
+        rows = [table.get_row_at(i) for i in range(table.row_count)]
+        mine = [i for i, row in enumerate(rows) if row[0] == str(j.pid)]
+        assert mine, rows
+        assert rows[mine[0]][1] == "2"  # worker count
+        table.move_cursor(row=mine[0])
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.ticks_shown > 0, timeout=20)
+        assert f"pid {j.pid}" in text_of(app, HeaderPanel)
+        await pilot.press("q")
