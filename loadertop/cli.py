@@ -98,18 +98,23 @@ def _monitor_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _require_terminal() -> None:
+    """Checked before anything starts sampling, so a refusal leaves nothing behind."""
+    if not sys.stdout.isatty():
+        raise UsageError("the live view needs a terminal; use `loadertop snapshot PID --json` in scripts")
+
+
 def _run_tui(source, on_exit=None) -> int:
     try:
         from .tui.app import LoadertopApp
     except ImportError as e:  # textual missing in a broken install
         raise UsageError(f"the live view needs textual ({e}); pip install textual") from None
-    if not sys.stdout.isatty():
-        raise UsageError("the live view needs a terminal; use `loadertop snapshot PID --json` in scripts")
     LoadertopApp(source, on_exit=on_exit).run()
     return 0
 
 
 def cmd_monitor(args: argparse.Namespace) -> int:
+    _require_terminal()
     if not args.pids:
         return _run_tui(None)
     _check_pids(args.pids)
@@ -122,8 +127,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import start_job, stop_job
     from .tui.source import LiveSource
 
-    if not sys.stdout.isatty():
-        raise UsageError("the demo is a live view and needs a terminal (run it in a terminal or tmux)")
+    _require_terminal()
     proc, note = start_job(args.scenario)
     if note:
         print(f"loadertop: {note}", file=sys.stderr)
@@ -330,8 +334,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     if not args.no_stacks:
         from .probes.stacks import StackSampler
 
-        # A 10 s window every 30 s: a dashboard needs the trend, not every second.
-        stacks = StackSampler(window_s=10, rolling_s=60.0, dump_interval_s=10.0, gap_s=20.0)
+        # A 10 s window every minute: a dashboard needs the trend, not every second; each
+        # worker is dumped once, for its worker_id label (no metric shows what it is doing).
+        stacks = StackSampler(window_s=10, rolling_s=120.0, dump_interval_s=2.0, gap_s=50.0, refresh_doing=False)
     sampler = Sampler(args.pids, interval_s=args.interval, stacks=stacks)
     print(f"loadertop: metrics on http://{args.listen}/metrics (Ctrl-C stops)", file=sys.stderr)
     try:
@@ -346,6 +351,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_replay(args: argparse.Namespace) -> int:
     from .tui.source import ScriptedSource
 
+    _require_terminal()
     recording = _read_recording(args.recording)
     snaps = recording.snapshots
     interval = snaps[-1].interval_s if snaps else 1.0

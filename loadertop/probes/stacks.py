@@ -297,10 +297,13 @@ class StackSampler:
         stall_fraction: float = 0.95,
         pyspy: str | None = None,
         gap_s: float = 0.0,
+        refresh_doing: bool = True,
     ) -> None:
-        """gap_s: pause between a trainer's windows (duty cycle), to sample less often."""
+        """gap_s: pause between a trainer's windows (duty cycle), to sample less often.
+        refresh_doing=False dumps each worker once (its arguments), not again for its frame."""
         self.window_s = max(1, int(window_s))
         self.gap_s = gap_s
+        self.refresh_doing = refresh_doing
         self.rate_hz = rate_hz
         self.rolling_s = rolling_s
         self.dump_interval_s = dump_interval_s
@@ -471,7 +474,8 @@ class StackSampler:
                 self._dumped_at.pop(gone, None)
             refused = {p for p, until in self._refused_until.items() if time.monotonic() < until}
         owners = {w: t for t, ws in targets.items() for w in ws}
-        candidates = [w for w in workers if owners[w] not in refused]
+        candidates = [w for w in workers if owners[w] not in refused
+                      and (self.refresh_doing or w not in self._dumped_at)]
         if not candidates:
             return None
         return min(candidates, key=lambda w: self._dumped_at.get(w, float("-inf")))
