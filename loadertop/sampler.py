@@ -143,7 +143,7 @@ class Sampler:
             trainers.extend(self._tick_job(job, now, mono, board, events, live, complete))
         self.processes.forget(live)
         self.discovery.forget(live)
-        self.exits.watch(k for k in live)
+        self.exits.watch(live)
         if self.stacks is not None:
             self.stacks.watch(
                 {t.pid: tuple(w.pid for w in t.workers) for t in trainers if t.status == "running"}

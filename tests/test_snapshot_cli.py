@@ -111,10 +111,12 @@ def test_job_that_exits_mid_snapshot_is_reported_as_exited(job):
 
 def test_torchrun_ranks_are_two_trainers(job):
     torchrun = shutil.which("torchrun") or str(Path(PYTHON).parent / "torchrun")
-    j = job("--workers", "2", "--dist", "--persistent",
+    j = job("--workers", "2", "--dist", "--persistent", "--duration", "600",
             cmd=[torchrun, "--standalone", "--nproc_per_node=2"], env={"OMP_NUM_THREADS": "1"})
     j.wait_ready(suffix=".0", timeout=90)
     j.wait_ready(suffix=".1", timeout=90)
+    ranks = [p for p in descendants(j.pid) if comm(p) != "pt_data_worker" and worker_pids(p)]
+    truth = {p: worker_pids(p) for p in ranks}
     report = snapshot(j.pid)
     trainers = sorted(report["trainers"], key=lambda t: t["rank"])
     assert [t["rank"] for t in trainers] == [0, 1]
@@ -122,13 +124,13 @@ def test_torchrun_ranks_are_two_trainers(job):
     for t in trainers:
         assert t["job_pid"] == j.pid
         assert t["env"]["WORLD_SIZE"] == "2"
-        assert {w["pid"] for w in t["workers"]} == worker_pids(t["pid"])
+        assert {w["pid"] for w in t["workers"]} == truth[t["pid"]]
         assert len(t["workers"]) == 2
 
 
 def test_rank_pid_given_directly(job):
     torchrun = shutil.which("torchrun") or str(Path(PYTHON).parent / "torchrun")
-    j = job("--workers", "1", "--dist", "--persistent",
+    j = job("--workers", "1", "--dist", "--persistent", "--duration", "600",
             cmd=[torchrun, "--standalone", "--nproc_per_node=2"])
     j.wait_ready(suffix=".0", timeout=90)
     j.wait_ready(suffix=".1", timeout=90)

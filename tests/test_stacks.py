@@ -144,7 +144,7 @@ def test_starved_job_reads_higher_than_healthy_and_near_its_truth(job):
     s_report = _report(starved.pid)
     s_truth = _truth_fraction(starved.truth(), 8)
     starved.kill()
-    healthy = job("--workers", "1", "--persistent", "--batch-size", "8", "--step-ms", "30")
+    healthy = job("--workers", "2", "--persistent", "--batch-size", "8", "--step-ms", "60")
     healthy.wait_ready()
     h_report = _report(healthy.pid)
     h_truth = _truth_fraction(healthy.truth(), 8)
