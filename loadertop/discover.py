@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .probes import procfs
+from .probes.host import dataloader_owners
 from .redact import redact_cmdline
 
 
@@ -30,22 +31,7 @@ def _user(pid: int) -> str:
 
 
 def find_trainers(gpu_pids: Iterable[int] = ()) -> list[Candidate]:
-    counts: dict[int, int] = {}
-    for name in os.listdir(procfs.PROC):
-        if not name.isdigit():
-            continue
-        st = procfs.read_stat(int(name))
-        if st is None or st.comm != "pt_data_worker" or st.state == "Z":
-            continue
-        owner = st.ppid
-        try:
-            args = procfs.cmdline(owner) or []
-        except PermissionError:
-            args = []
-        if any("multiprocessing.forkserver" in a for a in args):
-            parent = procfs.read_stat(owner)
-            owner = parent.ppid if parent else owner
-        counts[owner] = counts.get(owner, 0) + 1
+    counts = dataloader_owners()
     gpu = set(gpu_pids)
     out = []
     for pid in sorted(set(counts) | gpu):

@@ -19,9 +19,7 @@ def hook_files(pid: int) -> list[str]:
     files = glob.glob(os.path.join(f"{procfs.PROC}/{pid}/root/dev/shm", pattern))
     if files:
         return files
-    theirs = procfs.mountinfo_line(pid, "/dev/shm")
-    ours = procfs.mountinfo_line("self", "/dev/shm")
-    if theirs and ours and theirs.split()[0] == ours.split()[0]:
+    if procfs.same_mount_as_ours(pid, "/dev/shm"):
         return glob.glob(os.path.join("/dev/shm", pattern))
     return []
 

@@ -84,25 +84,33 @@ def usable_cpus(pid: int | str = 0) -> int | None:
     return affinity
 
 
-def scan_dataloaders() -> tuple[int, int]:
-    """(workers, trainers) of every DataLoader on the machine, by worker comm (~2 ms for
-    300 processes); a worker's trainer is its parent, or the fork server's parent."""
-    parents: set[int] = set()
-    workers = 0
+def dataloader_owners() -> dict[int, int]:
+    """Trainer pid -> live DataLoader workers, for every loader on the machine (a scan by
+    worker comm, ~2 ms for 300 processes). A worker's trainer is its parent, or the fork
+    server's parent with the forkserver start method."""
+    counts: dict[int, int] = {}
     for name in os.listdir(procfs.PROC):
         if not name.isdigit():
             continue
         st = procfs.read_stat(int(name))
-        if st is not None and st.comm == "pt_data_worker" and st.state != "Z":
-            workers += 1
-            parents.add(st.ppid)
-    trainers = set()
-    for ppid in parents:
-        parent = procfs.read_stat(ppid)
-        args = procfs.cmdline(ppid) if parent is not None else None
-        forkserver = args is not None and any("multiprocessing.forkserver" in a for a in args)
-        trainers.add(parent.ppid if forkserver and parent is not None else ppid)
-    return workers, len(trainers)
+        if st is None or st.comm != "pt_data_worker" or st.state == "Z":
+            continue
+        owner = st.ppid
+        try:
+            args = procfs.cmdline(owner) or []
+        except PermissionError:
+            args = []
+        if any("multiprocessing.forkserver" in a for a in args):
+            parent = procfs.read_stat(owner)
+            owner = parent.ppid if parent else owner
+        counts[owner] = counts.get(owner, 0) + 1
+    return counts
+
+
+def scan_dataloaders() -> tuple[int, int]:
+    """(workers, trainers) of every DataLoader on the machine."""
+    owners = dataloader_owners()
+    return sum(owners.values()), len(owners)
 
 
 class HostProbe:

@@ -292,3 +292,11 @@ def mountinfo_line(pid: int | str, mount_point: str) -> str | None:
         if len(parts) > 4 and parts[4] == mount_point:
             found = line  # the last mount on a point is the visible one
     return found
+
+
+def same_mount_as_ours(pid: int, mount_point: str) -> bool:
+    """pid sees the very mount we see at mount_point (same mount ID): then our own path
+    reaches its files, even when its /proc/<pid>/root is closed to us."""
+    theirs = mountinfo_line(pid, mount_point)
+    ours = mountinfo_line("self", mount_point)
+    return bool(theirs and ours) and theirs.split()[0] == ours.split()[0]

@@ -14,10 +14,6 @@ def _statvfs(path: str) -> tuple[int, int]:
     return total, total - st.f_bfree * st.f_frsize
 
 
-def _mount_id(line: str | None) -> str | None:
-    return line.split()[0] if line else None
-
-
 def read_shm(pid: int) -> tuple[ShmSnapshot | None, Notice | None]:
     """Size and use of the /dev/shm the trainer pid sees."""
     path = f"{procfs.PROC}/{pid}/root/dev/shm"
@@ -37,9 +33,7 @@ def read_shm(pid: int) -> tuple[ShmSnapshot | None, Notice | None]:
         )
     # Another user's root is closed to us, but mountinfo is not: when the trainer's
     # /dev/shm is the very mount we see, our own statvfs measures it exactly.
-    theirs = _mount_id(procfs.mountinfo_line(pid, "/dev/shm"))
-    ours = _mount_id(procfs.mountinfo_line("self", "/dev/shm"))
-    if theirs is not None and theirs == ours:
+    if procfs.same_mount_as_ours(pid, "/dev/shm"):
         total, used = _statvfs("/dev/shm")
         return ShmSnapshot(path="/dev/shm", total_bytes=total, used_bytes=used, torch_bytes=None), None
     return None, Notice(
