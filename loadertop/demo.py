@@ -18,7 +18,7 @@ SCENARIOS = {
     "starved": ("one worker for an expensive __getitem__: input-bound",
                 ["--workers", "1", "--item-ms", "25", "--batch-size", "8", "--step-ms", "10", "--persistent"]),
     "healthy": ("cheap items, the loop computes: no findings",
-                ["--workers", "2", "--batch-size", "8", "--step-ms", "60", "--persistent"]),
+                ["--workers", "2", "--batch-size", "8", "--step-ms", "150", "--persistent"]),
     "threads": ("workers run torch thread pools: oversubscribed",
                 ["--workers", "2", "--worker-threads", "8", "--matmuls", "6", "--batch-size", "2", "--persistent"]),
     "churn": ("short epochs without persistent_workers: workers re-created",

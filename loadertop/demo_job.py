@@ -56,7 +56,10 @@ class Item:
             a = torch.randn(384, 384)
             for _ in range(cfg["matmuls"]):
                 a = torch.tanh(a @ a)
-        return torch.full((cfg["tensor_kb"] * 256,), float(i % 97)), i % 10
+        sample = torch.full((cfg["tensor_kb"] * 256,), float(i % 97))
+        if cfg["tensors_per_item"] > 1:  # many small tensors: each one is its own hand-over
+            return [sample[k :: cfg["tensors_per_item"]].clone() for k in range(cfg["tensors_per_item"])], i % 10
+        return sample, i % 10
 
 
 class MapData(Dataset):
@@ -81,6 +84,11 @@ class StreamData(IterableDataset):
         wid, n = (info.id, info.num_workers) if info else (0, 1)
         for i in range(wid, self.length, n):
             yield self.item.make(i)
+
+
+def _first_tensor(batch):
+    first = batch[0]
+    return first[0] if isinstance(first, list) else first
 
 
 def build(args):
@@ -121,6 +129,7 @@ def main(argv=None) -> int:
     p.add_argument("--sleep-ms", type=float, default=0.0, help="I/O-like sleep per item")
     p.add_argument("--step-ms", type=float, default=5.0, help="training step compute")
     p.add_argument("--tensor-kb", type=int, default=4, help="size of each sample")
+    p.add_argument("--tensors-per-item", type=int, default=1, help="split each sample into this many tensors")
     p.add_argument("--objects", type=int, default=0, help="Python objects the dataset holds")
     p.add_argument("--objects-per-item", type=int, default=200, help="objects each item reads")
     p.add_argument("--worker-threads", type=int, default=1, help="torch threads per worker")
@@ -185,7 +194,7 @@ def main(argv=None) -> int:
             # The step: real forward/backward/optimizer work for about step_ms.
             end = time.perf_counter() + args.step_ms / 1000.0
             while True:
-                shift = batch[0][:1, :1].to(device, non_blocking=True).mean()
+                shift = _first_tensor(batch)[:1, :1].to(device, non_blocking=True).mean()
                 loss = torch.nn.functional.cross_entropy(model(x + shift), y)
                 opt.zero_grad()
                 loss.backward()

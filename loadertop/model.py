@@ -54,6 +54,10 @@ class ProcessSample:
     doing: str | None = None  # what the stack sampler saw it doing, e.g. "D.__getitem__ (d.py:9)"
 
 
+# What a worker's stack shows when it has finished every batch asked of it: the loader is ahead.
+WAITING_FOR_INDICES = "waiting for indices"
+
+
 @dataclass(frozen=True)
 class ShmSnapshot:
     path: str

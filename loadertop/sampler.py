@@ -414,6 +414,7 @@ class Sampler:
                 workers.append(w)
                 continue
             workers.append(replace(w, worker_id=info.worker_id, doing=info.doing))
+            self.processes.python_helpers[w.pid] = info.python_threads
             if info.num_workers is not None:
                 key = (info.dataset_class, info.num_workers, info.persistent_workers)
                 loaders.setdefault(key, []).append(w.pid)

@@ -139,6 +139,28 @@ def test_main_process_bound_quiet_when_workers_are_the_wait():
     assert "main_process_bound" not in ids(diagnose(h))
 
 
+def test_workers_with_batches_ready_mean_the_wait_is_receiving_them():
+    # What CI saw on a busy 2-core machine: 16% data wait, workers at 3% CPU, every worker
+    # waiting for indices. More workers would not help; the hand-over is the cost.
+    ahead = story(30, lambda t: snapshot(t, [_with_workers(trainer(workers=2, worker_cpu=3.0, wait=0.16, usable=2),
+                                                           doing="waiting for indices")], host(2)))
+    found = diagnose(ahead)
+    assert "input_bound" not in ids(found)
+    f = only(found, "main_process_bound")
+    assert f.evidence["main_process_fraction"] == 0.16 and f.evidence["workers_waiting_for_indices"] is True
+    assert "more workers will not help" in f.suggestion and f.change is None
+
+
+def test_one_straggler_still_makes_the_loop_input_bound():
+    def make(t):
+        tr = trainer(workers=4, worker_cpu=10.0, wait=0.3, usable=2)
+        idle = [replace(w, doing="waiting for indices") for w in tr.workers[1:]]
+        return snapshot(t, [replace(tr, workers=(tr.workers[0], *idle))], host(2))
+
+    found = diagnose(story(30, make))
+    assert "input_bound" in ids(found) and "main_process_bound" not in ids(found)
+
+
 # --- worker_threads / cpu_oversubscribed / too_many_workers ---------------------------
 
 

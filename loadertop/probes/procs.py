@@ -216,6 +216,10 @@ class ProcessSampler:
         self._slow: dict[Key, _Slow] = {}
         self._credit = 0.0
         self.denied_memory: set[int] = set()  # pids whose smaps we may not read
+        # Per pid, its Python threads besides the main one (from py-spy dumps): a worker's
+        # queue feeder and resource sharer get busy handing batches over, but share the GIL
+        # and are no thread pool, so they are not counted as busy threads.
+        self.python_helpers: dict[int, frozenset[int]] = {}
 
     def sample(self, st: procfs.Stat, now: float, worker_id: int | None = None) -> ProcessSample:
         key = key_of(st)
@@ -311,15 +315,16 @@ class ProcessSampler:
         waits = {t.tid: t.runqueue_wait_ns for t in threads if t.runqueue_wait_ns is not None}
         if prev_at is not None and now > prev_at:
             dt = now - prev_at
-            shares = [
-                (value - slow.thread_ticks[tid]) / procfs.CLK_TCK / dt
+            helpers = self.python_helpers.get(st.pid, frozenset())
+            shares = {
+                tid: (value - slow.thread_ticks[tid]) / procfs.CLK_TCK / dt
                 for tid, value in ticks.items()
                 if tid in slow.thread_ticks
-            ]
+            }
             # Busy: a real share of a core, and comparable to the busiest thread. On a
             # crowded machine a pool's threads each get little CPU, but they all get it.
-            floor = max(BUSY_THREAD_MIN_CPU, BUSY_THREAD_OF_BUSIEST * max(shares, default=0.0))
-            slow.busy_threads = sum(1 for share in shares if share >= floor)
+            floor = max(BUSY_THREAD_MIN_CPU, BUSY_THREAD_OF_BUSIEST * max(shares.values(), default=0.0))
+            slow.busy_threads = sum(1 for tid, share in shares.items() if share >= floor and tid not in helpers)
             waited = sum(w - slow.thread_wait_ns[t] for t, w in waits.items() if t in slow.thread_wait_ns)
             slow.runqueue_wait = max(0.0, waited / 1e9 / dt)
         slow.thread_ticks = ticks
@@ -342,6 +347,8 @@ class ProcessSampler:
             for key in [k for k in table if k not in live]:
                 del table[key]
         self.denied_memory &= {k[0] for k in live}
+        pids = {k[0] for k in live}
+        self.python_helpers = {pid: tids for pid, tids in self.python_helpers.items() if pid in pids}
 
 
 class ExitWatch:
@@ -384,7 +391,24 @@ class ExitWatch:
             changed = keys != self._keys
             self._keys = keys
         if changed and self._pidfds:
+            # Open the new pidfds here, before the tick returns: a worker killed right after
+            # its first sight is then still caught (the thread only waits on them).
+            for key in keys:
+                if key not in self._fds:
+                    self._open(key)
             os.write(self._wake_w, b"x")  # let the thread pick up the new set
+
+    def _open(self, key: Key) -> None:
+        try:
+            fd = os.pidfd_open(key[0])
+        except OSError:
+            return  # already gone
+        st = procfs.read_stat(key[0])
+        if st is None or st.start_ticks != key[1]:
+            os.close(fd)  # the pid was reused: not our process
+            return
+        with self._lock:
+            self._fds[key] = fd
 
     def exit_code(self, key: Key) -> int | None:
         with self._lock:
@@ -394,11 +418,21 @@ class ExitWatch:
         self._stop.set()
         os.write(self._wake_w, b"x")
         self._thread.join(timeout=2)
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
         os.close(self._wake_r)
         os.close(self._wake_w)
+
+    def _drop(self, selector, registered: set[Key], key: Key) -> None:
+        if key in registered:
+            selector.unregister(self._fds[key])
+            registered.discard(key)
+        with self._lock:
+            fd = self._fds.pop(key, None)
+        if fd is not None:
+            os.close(fd)
 
     def _see(self, key: Key) -> None:
         st = procfs.read_stat(key[0])
@@ -422,31 +456,20 @@ class ExitWatch:
 
         selector = selectors.DefaultSelector()
         selector.register(self._wake_r, selectors.EVENT_READ, None)
+        registered: set[Key] = set()
         while not self._stop.is_set():
             with self._lock:
-                keys = self._keys
-            for key in [k for k in self._fds if k not in keys]:
-                selector.unregister(self._fds[key])
-                os.close(self._fds.pop(key))
-            for key in keys:
-                if key in self._fds:
-                    continue
-                try:
-                    fd = os.pidfd_open(key[0])
-                except OSError:
-                    continue  # already gone
-                st = procfs.read_stat(key[0])
-                if st is None or st.start_ticks != key[1]:
-                    os.close(fd)  # the pid was reused: not our process
-                    continue
-                self._fds[key] = fd
-                selector.register(fd, selectors.EVENT_READ, key)
+                keys, fds = self._keys, dict(self._fds)
+            for key in [k for k in fds if k not in keys]:
+                self._drop(selector, registered, key)
+            for key, fd in fds.items():
+                if key in keys and key not in registered:
+                    selector.register(fd, selectors.EVENT_READ, key)
+                    registered.add(key)
             for event, _ in selector.select(timeout=1.0):
                 if event.data is None:
                     os.read(self._wake_r, 4096)
                     continue
-                key = event.data
-                self._see(key)
-                selector.unregister(event.fd)
-                os.close(self._fds.pop(key))
+                self._see(event.data)
+                self._drop(selector, registered, event.data)
         selector.close()

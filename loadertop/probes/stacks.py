@@ -21,7 +21,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from ..model import DataWait, Notice
+from ..model import WAITING_FOR_INDICES, DataWait, Notice
 
 # --- classification of the trainer's main thread (pure) ---------------------------
 
@@ -135,6 +135,8 @@ class WorkerInfo:
     persistent_workers: bool | None
     dataset_class: str | None
     doing: str | None
+    # Its other Python threads (queue feeder, resource sharer): busy at times, never a pool.
+    python_threads: frozenset[int] = frozenset()
 
 
 def _local(frame: dict, name: str) -> str | None:
@@ -172,7 +174,7 @@ def worker_doing(frames: list[dict]) -> str:
         loop = names.index(next(n for n in names if n.endswith("_worker_loop")))
         callees = " ".join(names[:loop])
         if "Queue.get" in callees:
-            return "waiting for indices"
+            return WAITING_FOR_INDICES
         if "put" in callees or "_send" in callees or "dumps" in callees:
             return "sending a batch"
         return "in the worker loop"
@@ -200,6 +202,9 @@ def parse_dump(text: str, pid: int) -> WorkerInfo | None:
         persistent_workers={"True": True, "False": False}.get(persistent or ""),
         dataset_class=dataset[1:].split(" ", 1)[0] if dataset and dataset.startswith("<") else None,
         doing=worker_doing(frames),
+        python_threads=frozenset(
+            t["os_thread_id"] for t in threads if t is not main and isinstance(t.get("os_thread_id"), int)
+        ),
     )
 
 
@@ -496,7 +501,7 @@ class StackSampler:
             return
         if known is not None and info.worker_id is None:
             info = WorkerInfo(known.worker_id, known.num_workers, known.persistent_workers,
-                              known.dataset_class, info.doing)
+                              known.dataset_class, info.doing, info.python_threads | known.python_threads)
         with self._lock:
             self._workers[pid] = info
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from statistics import fmean
 
-from ..model import Finding, Snapshot, TrainerSnapshot
+from ..model import WAITING_FOR_INDICES, Finding, Snapshot, TrainerSnapshot
 from . import thresholds as T
 
 WARNING, CRITICAL = 1, 2
@@ -99,6 +99,19 @@ class Context:
             if all(v is not None for v in values):
                 per_tick.append(sum(values) / 100.0)
         return fmean(per_tick) if per_tick else None
+
+    @cached_property
+    def loader_ahead(self) -> bool:
+        """Every worker mostly sits waiting for indices: the batches asked of them are done,
+        so the loop's data wait is receiving them, not loading them. A starved worker always
+        has prefetch_factor batches queued and never waits for indices; batches come in order,
+        so one busy straggler already makes the loop wait (hence: every worker)."""
+        seen: dict[int, list[bool]] = {}
+        for t in self.window:
+            for w in t.workers:
+                if w.doing:
+                    seen.setdefault(w.pid, []).append(w.doing == WAITING_FOR_INDICES)
+        return bool(seen) and all(sum(v) >= T.LOADER_AHEAD_SHARE * len(v) for v in seen.values())
 
     @property
     def num_workers(self) -> int:

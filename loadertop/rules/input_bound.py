@@ -28,6 +28,8 @@ def check(ctx: Context) -> Check:
         return FINE  # with num_workers=0 the main process loads: main_process_bound says so
     if (dw.main_process_fraction or 0.0) > (dw.worker_wait_fraction or 0.0):
         return FINE  # the main process itself is the bottleneck, not the workers
+    if ctx.loader_ahead:
+        return FINE  # the workers have the batches ready: main_process_bound says why the loop waits
     level = CRITICAL if wait_above(dw, dw.fraction, T.DATA_WAIT_CRITICAL) else WARNING
     wait = dw.fraction
     n = ctx.num_workers

@@ -20,14 +20,24 @@ from .base import (
 
 def check(ctx: Context) -> Check:
     dw = ctx.data_wait()
-    if dw is None or not enough_evidence(dw) or dw.main_process_fraction is None:
+    if dw is None or not enough_evidence(dw):
         return UNKNOWN
-    main = dw.main_process_fraction
-    if not wait_above(dw, main, T.DATA_WAIT_WARNING) or main < (dw.worker_wait_fraction or 0.0):
+    if dw.stalled_for_s >= T.STALL_S:
+        return FINE  # a hang, not a cost: loader_stalled says so
+    # Workers idle with their batches done: all of the wait is receiving them, including the
+    # fd hand-shakes that py-spy files under waiting for a worker.
+    receiving = ctx.num_workers > 0 and ctx.loader_ahead
+    main = dw.fraction if receiving else dw.main_process_fraction
+    if main is None:
+        return UNKNOWN
+    if not wait_above(dw, main, T.DATA_WAIT_WARNING):
+        return FINE
+    if not receiving and main < (dw.worker_wait_fraction or 0.0):
         return FINE
     level = CRITICAL if wait_above(dw, main, T.DATA_WAIT_CRITICAL) else WARNING
     evidence = {"main_process_fraction": main, "data_wait_fraction": dw.fraction,
-                "num_workers": ctx.num_workers, "samples": dw.samples, "usable_cpus": ctx.usable_cpus}
+                "num_workers": ctx.num_workers, "samples": dw.samples, "usable_cpus": ctx.usable_cpus,
+                "workers_waiting_for_indices": ctx.loader_ahead}
     if ctx.num_workers == 0:
         new_n = max(1, min(4, ctx.cpu_share - 1))
         after = predicted_wait(main, 1, 1 + new_n) if new_n else main
@@ -41,10 +51,12 @@ def check(ctx: Context) -> Check:
         ), span_s=dw.window_s)
     return Check(level, finding(
         "main_process_bound", level, ctx,
-        f"the main process spends {pct(main)} of the loop unpacking batches from workers",
+        f"the main process spends {pct(main)} of the loop receiving batches that workers have ready",
         evidence,
-        "batches are expensive to hand over: return fewer, larger tensors (not many small "
-        "objects or Python lists), collate in the workers, and use pin_memory=True when "
-        "training on a GPU",
+        "more workers will not help: each tensor storage in a batch is a separate shared-memory "
+        "hand-over (by default a file-descriptor hand-shake with the sending worker), so return "
+        "fewer, larger tensors (not many small ones, objects or Python lists) and collate in the "
+        "workers; torch.multiprocessing.set_sharing_strategy('file_system') skips the hand-shake, "
+        "and on a busy machine the trainer needs a free CPU to receive",
         None,
     ), span_s=dw.window_s)
