@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from . import __version__
 
-SUBCOMMANDS = ("snapshot", "demo", "record", "replay", "export")
+SUBCOMMANDS = ("snapshot", "demo", "record", "replay", "export", "tune")
 REPORT_FORMATS = (".json", ".md", ".html")
 MONITOR_USAGE = "loadertop [PID ...] [--interval S] [--no-stacks]"
 
@@ -29,6 +29,26 @@ def _pid(text: str) -> int:
     if pid <= 0:
         raise argparse.ArgumentTypeError(f"not a PID: {text!r} (PIDs are positive)")
     return pid
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return value
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = sorted({int(v) for v in text.split(",") if v.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of whole numbers: {text!r}") from None
+    if not values or values[0] < 0:
+        raise argparse.ArgumentTypeError(f"need whole numbers >= 0, e.g. 0,2,4: {text!r}")
+    return values
 
 
 def _positive(text: str) -> float:
@@ -79,6 +99,25 @@ def _parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("replay", help="watch a recording in the live view")
     rep.add_argument("recording", metavar="FILE")
     rep.add_argument("--speed", type=_positive, default=1.0, help="times real time (1)")
+
+    tune = sub.add_parser("tune", help="measure the best DataLoader settings for your own dataset")
+    tune.add_argument("factory", metavar="MODULE:FACTORY",
+                      help="a callable returning your Dataset, (dataset, kwargs) or {'dataset': ..., **kwargs}; "
+                           "module.path:name or path/to/file.py:name")
+    tune.add_argument("--batch-size", type=_count, default=None, help="batch size (the factory's, else 1)")
+    tune.add_argument("--collate", metavar="MODULE:FN", help="a collate_fn to use")
+    tune.add_argument("--budget", type=_positive, default=90.0, help="seconds for the whole tune (90)")
+    tune.add_argument("--workers", type=_int_list, default=None,
+                      help="num_workers to try, e.g. 0,2,4,8 (0, powers of two up to 2x this job's CPUs)")
+    tune.add_argument("--prefetch", type=_int_list, default=[2, 4], help="prefetch_factor values to try (2,4)")
+    tune.add_argument("--pin-memory", choices=["auto", "on", "off"], default="auto",
+                      help="auto: try pinning where CUDA is available")
+    tune.add_argument("--per-step-ms", type=_positive, default=None,
+                      help="emulate a training step this long (the GPU works, CPUs stay free): report data wait")
+    tune.add_argument("--first-batch-timeout", type=_positive, default=60.0,
+                      help="seconds a setting may take to its first batch (60)")
+    tune.add_argument("--python", default=sys.executable, help="the interpreter with your torch and code")
+    tune.add_argument("-o", "--output", metavar="FILE", help="also write the result to FILE (.json, .md or .html)")
 
     demo = sub.add_parser("demo", help="start a built-in training job and watch it")
     from .demo import SCENARIOS
@@ -358,6 +397,48 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return _run_tui(ScriptedSource(snaps, interval_s=interval / args.speed))
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    from .report import write_file
+    from .tune import output
+    from .tune.runner import FactoryError, Tuner, TuneSpec
+    from .tune.view import LineProgress, LiveProgress
+
+    if ":" not in args.factory or args.factory.startswith(":") or args.factory.endswith(":"):
+        raise UsageError(f"need MODULE:FACTORY (e.g. mypkg.data:make_dataset), not {args.factory!r}")
+    if args.prefetch[0] < 1:
+        raise UsageError("--prefetch values must be at least 1")
+    if args.output:
+        _check_output(args.output)
+    spec = TuneSpec(factory=args.factory, batch_size=args.batch_size, collate=args.collate, budget_s=args.budget,
+                    workers=args.workers, prefetch=args.prefetch, pin_memory=args.pin_memory,
+                    per_step_ms=args.per_step_ms, first_batch_timeout_s=args.first_batch_timeout,
+                    python=args.python)
+    metric = "steps/s" if args.per_step_ms else "samples/s"
+    live = sys.stderr.isatty()
+    progress = LiveProgress(metric, args.budget) if live else LineProgress(metric, args.budget)
+    tuner = Tuner(spec, progress)
+    try:
+        if live:
+            with progress:
+                result = tuner.run()
+        else:
+            result = tuner.run()
+    except FactoryError as e:
+        raise UsageError(str(e)) from None
+    finally:
+        tuner.close()
+    sys.stdout.write(output.to_text(result))
+    if args.output:
+        try:
+            write_file(args.output, output.render(result, args.output))
+        except OSError as e:
+            raise UsageError(f"cannot write {args.output!r}: {e.strerror}") from None
+        print(f"written: {args.output}", file=sys.stderr)
+    if result.stopped:
+        return 130
+    return 0 if result.recommendation is not None else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # The restore of SIGPIPE's default lets `loadertop snapshot --json | head` end quietly.
@@ -375,6 +456,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return cmd_replay(args)
             if args.command == "export":
                 return cmd_export(args)
+            if args.command == "tune":
+                return cmd_tune(args)
         if argv and not argv[0].startswith("-") and not argv[0].isdigit():
             raise UsageError(f"unknown command {argv[0]!r}: use a PID, or one of {', '.join(SUBCOMMANDS)}")
         return cmd_monitor(_monitor_parser().parse_args(argv))

@@ -14,6 +14,10 @@ HEADLESS = [
     "loadertop.probes.host",
     "loadertop.probes.shm",
     "loadertop.probes.gpu",
+    "loadertop.tune.plan",
+    "loadertop.tune.runner",
+    "loadertop.tune.output",
+    "loadertop.tune.view",
 ]
 
 

@@ -1,0 +1,399 @@
+"""Runs `loadertop tune`: each configuration in a fresh child process (tune/trial.py), watched
+with the monitor's own probes, within a time budget; then the best few again, to tell real
+differences from noise.
+
+The child is started by file path with the user's interpreter, so loadertop's process never
+imports torch or the user's code, and a factory that hangs or crashes only ends its trial.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from statistics import fmean
+
+from ..demo import stop_job
+from ..probes import host as host_probe
+from ..probes import procfs
+from ..probes.gpu import GpuProbe
+from ..probes.procs import ProcessSampler
+from ..sampler import Sampler
+from . import plan
+from .plan import Config, Summary, Trial
+
+TRIAL_SCRIPT = os.path.join(os.path.dirname(__file__), "trial.py")
+TICK_S = 0.5
+REPEATS = 3  # the best few settings run once more
+EXTENSIONS = 2  # times the default grid may double its most workers
+MIN_WINDOW_S = 1.0
+MAX_WINDOW_S = 30.0
+
+
+class FactoryError(Exception):
+    """The user's factory cannot give a dataset: no configuration can run."""
+
+
+@dataclass
+class TuneSpec:
+    factory: str
+    batch_size: int | None = None
+    collate: str | None = None
+    budget_s: float = 90.0
+    workers: list[int] | None = None
+    prefetch: list[int] = field(default_factory=lambda: [2, 4])
+    pin_memory: str = "auto"  # auto | on | off
+    per_step_ms: float | None = None
+    first_batch_timeout_s: float = 60.0
+    python: str = sys.executable
+    cwd: str = field(default_factory=os.getcwd)
+
+
+@dataclass
+class Machine:
+    usable_cpus: int
+    other_trainers: int  # DataLoader trainers already running on this machine
+    cpu_share: int
+    memory_available: int | None
+
+    @classmethod
+    def read(cls) -> Machine:
+        usable = host_probe.usable_cpus(0) or os.cpu_count() or 1
+        others = host_probe.scan_dataloaders()[1]
+        mem = procfs.read_meminfo().get("MemAvailable")
+        return cls(usable, others, max(1, usable // (others + 1)), mem)
+
+
+class Progress:
+    """What the view is told; the default says nothing."""
+
+    def planned(self, configs: list[Config], machine: Machine, window_s: float) -> None: ...
+    def started(self, config: Config, index: int, total: int, repeat: bool) -> None: ...
+    def update(self, config: Config, rate: float | None, elapsed_s: float) -> None: ...
+    def finished(self, trial: Trial, best: Summary | None) -> None: ...
+
+
+@dataclass
+class TuneResult:
+    spec: TuneSpec
+    machine: Machine
+    summaries: list[Summary]
+    recommendation: plan.Recommendation | None
+    batch_size: int | None
+    dataset: str | None
+    extra_kwargs: tuple[str, ...]
+    cuda: bool
+    elapsed_s: float
+    stopped: bool  # Ctrl-C
+    metric: str  # "samples/s" or "steps/s"
+
+
+class Tuner:
+    def __init__(self, spec: TuneSpec, progress: Progress | None = None, machine: Machine | None = None) -> None:
+        self.spec = spec
+        self.progress = progress or Progress()
+        self.machine = machine or Machine.read()
+        self.gpu = GpuProbe()
+        self.trials: dict[Config, list[Trial]] = {}
+        self.loaded: dict = {}
+        self.started_at = time.monotonic()
+        self.startup_s = 3.0  # spawn, imports, factory: re-estimated after each trial
+
+    # --- the plan ---------------------------------------------------------------------
+
+    def configs(self, pin: list[bool]) -> list[Config]:
+        workers = self.spec.workers if self.spec.workers is not None else plan.default_workers(self.machine.cpu_share)
+        return plan.grid(workers, self.spec.prefetch, pin)
+
+    def _times(self, runs_left: int) -> tuple[float, float]:
+        """(warm-up, window) for the next trial, from what is left of the budget."""
+        left = self.spec.budget_s - (time.monotonic() - self.started_at)
+        per = max(0.0, left) / max(1, runs_left)
+        warmup = min(5.0, max(0.5, 0.15 * per))
+        window = min(MAX_WINDOW_S, max(MIN_WINDOW_S, per - self.startup_s - warmup))
+        return warmup, window
+
+    def run(self) -> TuneResult:
+        pin = {"on": [True], "off": [False]}.get(self.spec.pin_memory, [False])
+        configs = self.configs(pin)
+        stopped = False
+        _, window = self._times(len(configs) + REPEATS)
+        self.progress.planned(configs, self.machine, window)
+        try:
+            queue_ = list(configs)
+            i = 0
+            while queue_:
+                config = queue_.pop(0)
+                self._run_one(config, i, len(configs), len(queue_) + 1 + REPEATS, repeat=False)
+                i += 1
+                pinned = any(c.pin_memory for c in configs)
+                if self.spec.pin_memory == "auto" and self.loaded.get("cuda") and not pinned:
+                    # A GPU: pinning is worth measuring; add the pinned settings.
+                    more = [c for c in self.configs([True]) if c.num_workers > 0]
+                    configs += more
+                    queue_ += more
+            # With the default grid, follow a curve still climbing at its edge (I/O-bound
+            # loaders): twice the workers, up to twice, while the budget lasts.
+            for _ in range(EXTENSIONS if self.spec.workers is None else 0):
+                more = self._extension()
+                if more is None or time.monotonic() - self.started_at > 0.85 * self.spec.budget_s:
+                    break
+                configs.append(more)
+                self._run_one(more, i, len(configs), 1 + REPEATS, repeat=False)
+                i += 1
+            candidates = self._repeat_candidates()
+            for j, config in enumerate(candidates):
+                if time.monotonic() - self.started_at > self.spec.budget_s:
+                    break
+                self._run_one(config, i, len(configs) + len(candidates), len(candidates) - j, repeat=True)
+                i += 1
+        except KeyboardInterrupt:
+            stopped = True
+        return self._result(stopped)
+
+    def _extension(self) -> Config | None:
+        summaries = [s for s in self._summaries() if s.rate is not None and s.excluded is None]
+        if not summaries:
+            return None
+        best = max(summaries, key=lambda s: s.rate)
+        top = max(c.num_workers for c in self.trials)
+        below = [s for s in summaries if s.config.num_workers < top]
+        if best.config.num_workers != top or not below or 2 * top > plan.MAX_WORKERS:
+            return None
+        if best.rate <= max(s.rate for s in below) * (1 + 2 * plan.TOLERANCE):
+            return None  # flat: the curve has turned
+        return Config(2 * top, best.config.prefetch_factor, best.config.pin_memory)
+
+    def _repeat_candidates(self) -> list[Config]:
+        summaries = self._summaries()
+        ranked = sorted((s for s in summaries if s.rate is not None and s.excluded is None),
+                        key=lambda s: -s.rate)
+        candidates = [s.config for s in ranked[:REPEATS]]
+        rec = plan.recommend(summaries, self.machine.cpu_share)
+        if rec is not None and rec.chosen.config not in candidates:
+            candidates[-1:] = [rec.chosen.config]  # the pick itself must be measured twice
+        return candidates
+
+    def _summaries(self) -> list[Summary]:
+        return [plan.summarize(c, ts, self.machine.memory_available) for c, ts in sorted(self.trials.items())]
+
+    def _best(self) -> Summary | None:
+        usable = [s for s in self._summaries() if s.rate is not None and s.excluded is None]
+        return max(usable, key=lambda s: s.rate) if usable else None
+
+    def _run_one(self, config: Config, index: int, total: int, runs_left: int, repeat: bool) -> None:
+        warmup, window = self._times(runs_left)
+        self.progress.started(config, index, total, repeat)
+        trial = Trial(config)
+        self.trials.setdefault(config, []).append(trial)
+        try:
+            self._measure(trial, warmup, window)
+        except FactoryError:
+            self.trials[config].remove(trial)  # nothing of this setting was measured
+            raise
+        self.progress.finished(trial, self._best())
+
+    # --- one trial ----------------------------------------------------------------------
+
+    def _child_config(self, config: Config, warmup: float, window: float) -> dict:
+        return {
+            "factory": self.spec.factory, "collate": self.spec.collate, "batch_size": self.spec.batch_size,
+            "num_workers": config.num_workers, "prefetch_factor": config.prefetch_factor,
+            "pin_memory": config.pin_memory, "per_step_ms": self.spec.per_step_ms,
+            "warmup_s": warmup, "window_s": window,
+        }
+
+    def _measure(self, trial: Trial, warmup: float, window: float) -> None:
+        spawned = time.monotonic()
+        stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in the finally below
+        proc = subprocess.Popen(
+            [self.spec.python, TRIAL_SCRIPT, json.dumps(self._child_config(trial.config, warmup, window))],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, cwd=self.spec.cwd,
+            start_new_session=True,  # its own group: Ctrl-C reaches loadertop, which ends the trial
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        events: queue.Queue = queue.Queue()
+        reader = threading.Thread(target=_read_lines, args=(proc.stdout, events), daemon=True)
+        reader.start()
+        sampler = None
+        in_window = []
+        result = error = None
+        first_batch_at = None
+        window_started = None
+        try:
+            sampler = Sampler([proc.pid], interval_s=TICK_S, gpu=self.gpu,
+                              processes=ProcessSampler(slow_interval_s=2.0, slow_budget_s=0.02))
+            deadline = spawned + self.spec.first_batch_timeout_s
+            while result is None and error is None:
+                snap = sampler.tick()
+                if window_started is not None:
+                    in_window.append(snap)
+                end = time.monotonic() + TICK_S
+                while time.monotonic() < end and result is None and error is None:
+                    try:
+                        event = events.get(timeout=max(0.0, end - time.monotonic()))
+                    except queue.Empty:
+                        break
+                    if event is None:  # the child's stdout closed: it exited
+                        error = self._death(proc, stderr)
+                        break
+                    kind = event.get("event")
+                    if kind == "loaded":
+                        self.loaded = event
+                    elif kind == "first_batch":
+                        first_batch_at = time.monotonic()
+                        trial.first_batch_s = event["s"]
+                        deadline = first_batch_at + warmup + window + 30
+                    elif kind == "window":
+                        window_started = time.monotonic()
+                        self.startup_s = max(0.5, window_started - spawned - warmup)
+                    elif kind == "progress":
+                        self.progress.update(trial.config, self._rate(event["samples"], event["batches"],
+                                                                      event["elapsed"]), event["elapsed"])
+                    elif kind == "result":
+                        result = event
+                    elif kind == "error":
+                        error = self._error(event)
+                if result is None and error is None and time.monotonic() > deadline:
+                    what = "no first batch" if first_batch_at is None else "the window did not end"
+                    limit = self.spec.first_batch_timeout_s if first_batch_at is None else window + 30
+                    error = f"{what} within {limit:.0f} s: the dataset or a worker hangs"
+                    if not self.loaded and not self._any_measured():
+                        raise FactoryError(f"the factory {self.spec.factory} did not return within "
+                                           f"{limit:.0f} s (a hang while importing or building the dataset)")
+            if result is not None:
+                in_window.append(sampler.tick(complete=True))  # USS/PSS of every process, at the end
+        except KeyboardInterrupt:
+            trial.stopped = True
+            trial.error = "stopped (Ctrl-C)"
+            raise
+        finally:
+            if sampler is not None:
+                sampler.close()
+            _end(proc, graceful=result is not None)
+            stderr.close()
+        if error is not None:
+            trial.error = error
+            return
+        self._fill(trial, result, in_window)
+
+    def _any_measured(self) -> bool:
+        return any(t.rate is not None for ts in self.trials.values() for t in ts)
+
+    def _rate(self, samples: int, batches: int, seconds: float) -> float | None:
+        if seconds <= 0:
+            return None
+        return (batches if self.spec.per_step_ms else samples) / seconds
+
+    def _error(self, event: dict) -> str:
+        where = event.get("where") or []
+        message = event.get("message", "failed")
+        if "shared memory" in message or "No space left on device" in message:
+            # torch names the segment it could not create; the size of /dev/shm is the news
+            message = f"/dev/shm is full: {re.sub(r' for file <[^>]*>', '', message)}"
+        text = message[:200] + (f" (at {where[-1]})" if where else "")
+        if event.get("stage") in ("import", "factory") and not self._any_measured():
+            raise FactoryError(f"{self.spec.factory}: {text}")
+        return text
+
+    def _death(self, proc: subprocess.Popen, stderr) -> str:
+        try:
+            code = proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return "the trial stopped talking"
+        stderr.seek(0)
+        tail = [ln for ln in stderr.read().decode(errors="replace").splitlines() if ln.strip()]
+        how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+        if code == -signal.SIGBUS:
+            how += ": a Bus error, /dev/shm is full"
+        last = f": {tail[-1].strip()[:200]}" if tail else ""
+        if not self.loaded and tail and "No module named 'torch'" in "\n".join(tail):
+            raise FactoryError(f"torch is not installed for {self.spec.python} (use --python)")
+        return f"the trial process died ({how}){last}"
+
+    def _fill(self, trial: Trial, result: dict, snaps) -> None:
+        window = result["window_s"]
+        trial.batches_per_s = result["batches"] / window if window else None
+        trial.samples_per_s = result["samples"] / window if window else None
+        trial.rate = trial.batches_per_s if self.spec.per_step_ms else trial.samples_per_s
+        # Without a step to emulate, the loop does nothing but wait: a share only means
+        # something next to a step.
+        trial.data_wait = result["wait_s"] / window if window and self.spec.per_step_ms else None
+        pick = 1 if self.spec.per_step_ms else 2
+        trial.chunk_rates = [c[pick] / c[0] for c in result["chunks"] if c[0] > 0]
+        trainers = [t for s in snaps for t in s.trainers]
+        worker_cpu = [w.cpu_percent for t in trainers for w in t.workers if w.cpu_percent is not None]
+        trial.worker_cpu_percent = fmean(worker_cpu) if worker_cpu else None
+        main_cpu = [t.main.cpu_percent for t in trainers if t.main.cpu_percent is not None]
+        trial.main_cpu_percent = fmean(main_cpu) if main_cpu else None
+        busy = [w.busy_threads for t in trainers for w in t.workers if w.busy_threads is not None]
+        trial.busy_threads_per_worker = fmean(busy) if busy else None
+        switches = []
+        for t in trainers:
+            rates = [(p.ctx_switches_voluntary_per_s or 0) + (p.ctx_switches_involuntary_per_s or 0)
+                     for p in (t.main, *t.workers) if p.ctx_switches_voluntary_per_s is not None]
+            if rates:
+                switches.append(sum(rates))
+        trial.ctx_switches_per_s = fmean(switches) if switches else None
+        rss = [sum(p.rss_bytes or 0 for p in (t.main, *t.workers)) for t in trainers]
+        trial.rss_bytes = max(rss) if rss else None
+        if trainers:
+            last = trainers[-1]
+            procs = (last.main, *last.workers)
+            if all(p.pss_bytes is not None for p in procs):
+                trial.pss_bytes = sum(p.pss_bytes for p in procs)
+                trial.uss_bytes = sum(p.uss_bytes or 0 for p in procs)
+        shm = [t.shm for t in trainers if t.shm is not None]
+        used = [s.torch_bytes if s.torch_bytes is not None else s.used_bytes for s in shm]
+        used = [u for u in used if u is not None]
+        trial.shm_peak_bytes = max(used) if used else None
+        trial.shm_total_bytes = next((s.total_bytes for s in shm if s.total_bytes), None)
+
+    def _result(self, stopped: bool) -> TuneResult:
+        summaries = self._summaries()
+        return TuneResult(
+            spec=self.spec, machine=self.machine, summaries=summaries,
+            recommendation=plan.recommend(summaries, self.machine.cpu_share),
+            batch_size=self.loaded.get("batch_size"), dataset=self.loaded.get("dataset"),
+            extra_kwargs=tuple(self.loaded.get("kwargs") or ()), cuda=bool(self.loaded.get("cuda")),
+            elapsed_s=time.monotonic() - self.started_at, stopped=stopped,
+            metric="steps/s" if self.spec.per_step_ms else "samples/s",
+        )
+
+    def close(self) -> None:
+        self.gpu.close()
+
+
+def _read_lines(stream, events: queue.Queue) -> None:
+    for raw in stream:
+        try:
+            event = json.loads(raw)
+        except ValueError:
+            continue  # the user's own prints
+        if isinstance(event, dict) and "event" in event:
+            events.put(event)
+    events.put(None)
+
+
+def _end(proc: subprocess.Popen, graceful: bool) -> None:
+    """Let a finished trial exit, then make sure it and its workers are gone."""
+    try:
+        proc.stdin.close()
+    except OSError:
+        pass
+    if graceful:
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+    stop_job(proc)  # workers left behind, or a hung trial
+    if proc.stdout:
+        proc.stdout.close()
