@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
 import sys
@@ -259,7 +260,10 @@ def _write_report(path: str, text: str) -> int:
         fd, fallback = tempfile.mkstemp(prefix="loadertop-", suffix=suffix)
         with os.fdopen(fd, "w") as f:
             f.write(text)
-        print(f"loadertop: cannot write {path!r}: {e.strerror}; report saved to {fallback}", file=sys.stderr)
+        why = e.strerror
+        if e.errno == errno.ELOOP:
+            why = "it is a symbolic link, and reports are never written through one"
+        print(f"loadertop: cannot write {path!r}: {why}; report saved to {fallback}", file=sys.stderr)
         return 1
     print(f"loadertop: report written to {path}", file=sys.stderr)
     return 0

@@ -123,15 +123,19 @@ class HostProbe:
         self._cpu_count = os.cpu_count() or 1
         self._usable = usable_cpus(0)
         self._prev_cpu = procfs.read_cpu_times()
+        self._load = procfs.read_loadavg() or (0.0, 0.0, 0.0)
         self._scan: tuple[int, int] | None = None
         self._scanned_at = float("-inf")
 
     def sample(self) -> HostSnapshot:
         mem = procfs.read_meminfo()
-        busy, total = procfs.read_cpu_times()
-        pbusy, ptotal = self._prev_cpu
-        self._prev_cpu = (busy, total)
-        cpu = 100.0 * (busy - pbusy) / (total - ptotal) if total > ptotal else None
+        times = procfs.read_cpu_times()
+        cpu = None
+        if times is not None and self._prev_cpu is not None and times[1] > self._prev_cpu[1]:
+            cpu = 100.0 * (times[0] - self._prev_cpu[0]) / (times[1] - self._prev_cpu[1])
+        if times is not None:  # a failed read keeps the last good one to compare with
+            self._prev_cpu = times
+        self._load = procfs.read_loadavg() or self._load
         now = time.monotonic()
         if now - self._scanned_at >= self.SCAN_INTERVAL_S:
             try:
@@ -145,7 +149,7 @@ class HostProbe:
             usable_cpus=self._usable,
             mem_total_bytes=mem.get("MemTotal"),
             mem_available_bytes=mem.get("MemAvailable"),
-            load_avg=procfs.read_loadavg(),
+            load_avg=self._load,
             cpu_percent=cpu,
             dataloader_workers=self._scan[0] if self._scan else None,
             dataloader_trainers=self._scan[1] if self._scan else None,

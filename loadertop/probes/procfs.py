@@ -139,7 +139,10 @@ def read_nspid(pid: int) -> tuple[int, ...]:
     """The pid in each nested pid namespace, outermost first (NVML in a container uses the inner)."""
     raw = _read_bytes(f"{PROC}/{pid}/status")
     value = _field(raw, b"NSpid") if raw else None
-    return tuple(int(v) for v in value.split()) if value else (pid,)
+    try:
+        return tuple(int(v) for v in value.split()) if value else (pid,)
+    except ValueError:
+        return (pid,)
 
 
 def task_ids(pid: int) -> list[int]:
@@ -158,7 +161,7 @@ def children(pid: int, tids: list[int] | None = None) -> list[int]:
     for tid in tids if tids is not None else task_ids(pid):
         text = _read(f"{PROC}/{pid}/task/{tid}/children")
         if text:
-            out.extend(int(c) for c in text.split())
+            out.extend(int(c) for c in text.split() if c.isdigit())
     return out
 
 
@@ -210,6 +213,8 @@ def read_smaps_rollup(pid: int) -> Memory | None:
         parts = rest.split()
         if parts and parts[0].isdigit():
             fields[key] = int(parts[0]) * 1024
+    if "Rss" not in fields or "Pss" not in fields:
+        return None  # a read cut short: no figure rather than a made-up one
     uss = fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0)
     uss += fields.get("Private_Hugetlb", 0)
     return Memory(rss_bytes=fields.get("Rss", 0), pss_bytes=fields.get("Pss", 0), uss_bytes=uss)
@@ -228,8 +233,11 @@ def torch_shm_segments(pid: int) -> dict[tuple[str, int], int] | None:
         if len(parts) < 6 or "/dev/shm/torch_" not in parts[5]:
             continue
         start, _, end = parts[0].partition("-")
-        key = (parts[3], int(parts[4]))
-        out[key] = max(out.get(key, 0), int(end, 16) - int(start, 16))
+        try:
+            key = (parts[3], int(parts[4]))
+            out[key] = max(out.get(key, 0), int(end, 16) - int(start, 16))
+        except ValueError:
+            continue  # a line cut short
     return out
 
 
@@ -251,14 +259,20 @@ def read_threads(pid: int) -> list[ThreadSample] | None:
         if st is None:
             continue
         sched = _read(f"{PROC}/{pid}/task/{tid}/schedstat")
-        wait = int(sched.split()[1]) if sched and len(sched.split()) > 1 else None
+        try:
+            wait = int(sched.split()[1]) if sched and len(sched.split()) > 1 else None
+        except ValueError:
+            wait = None
         out.append(ThreadSample(tid=tid, comm=st.comm, cpu_ticks=st.cpu_ticks, runqueue_wait_ns=wait))
     return out
 
 
-def read_loadavg() -> tuple[float, float, float]:
-    text = _read(f"{PROC}/loadavg") or "0 0 0"
-    a, b, c = (float(x) for x in text.split()[:3])
+def read_loadavg() -> tuple[float, float, float] | None:
+    text = _read(f"{PROC}/loadavg")
+    try:
+        a, b, c = (float(x) for x in (text or "").split()[:3])
+    except ValueError:
+        return None
     return (a, b, c)
 
 
@@ -268,16 +282,21 @@ def read_meminfo() -> dict[str, int]:
     out = {}
     for key in (b"MemTotal", b"MemAvailable"):
         value = _field(raw, key)
-        if value:
+        try:
             out[key.decode()] = int(value.split()[0]) * 1024
+        except (AttributeError, IndexError, ValueError):
+            pass  # unreadable: left out, shown as n/a
     return out
 
 
-def read_cpu_times() -> tuple[int, int]:
+def read_cpu_times() -> tuple[int, int] | None:
     """(busy, total) jiffies of the whole host from the first line of /proc/stat."""
-    raw = _read_bytes(f"{PROC}/stat") or b"cpu 0 0 0 0"
-    values = [int(v) for v in raw[: raw.index(b"\n")].split()[1:]]
-    idle = values[3] + (values[4] if len(values) > 4 else 0)
+    raw = _read_bytes(f"{PROC}/stat") or b""
+    try:
+        values = [int(v) for v in raw.split(b"\n", 1)[0].split()[1:]]
+        idle = values[3] + (values[4] if len(values) > 4 else 0)
+    except (ValueError, IndexError):
+        return None
     total = sum(values[:8])
     return total - idle, total
 

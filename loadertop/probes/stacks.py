@@ -285,9 +285,10 @@ class _Window:
 @dataclass
 class _Recording:
     proc: subprocess.Popen
-    started: float
+    started: float  # epoch seconds: the window's place in time
     output: str
     errors: str
+    started_mono: float = 0.0  # for the hang timeout
 
 
 class StackSampler:
@@ -410,7 +411,7 @@ class StackSampler:
             for pid, rec in list(self._recordings.items()):
                 if rec.proc.poll() is not None:
                     self._finish_recording(pid, rec)
-                elif now - rec.started > self.window_s + 10:
+                elif now - rec.started_mono > self.window_s + 10:
                     _kill(rec.proc)  # a hung py-spy: give up this window, keep going
                     self._finish_recording(pid, rec, timed_out=True)
             if now - last_dump >= self.dump_interval_s:
@@ -431,7 +432,7 @@ class StackSampler:
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
             )
         with self._lock:
-            self._recordings[pid] = _Recording(proc, time.time(), output, errors)
+            self._recordings[pid] = _Recording(proc, time.time(), output, errors, time.monotonic())
 
     def _finish_recording(self, pid: int, rec: _Recording, timed_out: bool = False) -> None:
         ended = time.time()
