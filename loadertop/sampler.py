@@ -68,11 +68,26 @@ def describe_exit(code: int | None) -> str:
     return f"exit status {code >> 8}"
 
 
+def trainer_exit_notice(pid: int, code: int | None) -> Notice:
+    """How the trainer ended, as far as its exit status was caught: a crash is told apart."""
+    if code is None:
+        return Notice("trainer_exited", f"trainer {pid} has exited; showing its last data", None, pid)
+    if code == 0:
+        return Notice("trainer_exited", f"trainer {pid} has exited normally; showing its last data", None, pid)
+    fix = None
+    if code & 0x7F == 9:
+        fix = "SIGKILL out of nowhere is usually the kernel's OOM killer: check `dmesg | grep -i oom`"
+    elif code & 0x7F == 7:
+        fix = "a Bus error in a DataLoader job is usually a full /dev/shm: raise --shm-size"
+    return Notice("trainer_crashed", f"trainer {pid} died ({describe_exit(code)}); showing its last data", fix, pid)
+
+
 @dataclass
 class _Trainer:
     key: Key
     job_pid: int
     confirmed: bool  # it had workers or is a launcher's rank: stays a trainer from now on
+    exit_notice: Notice | None = None
     cmdline: tuple[str, ...] = ()
     env: dict[str, str] | None = None
     usable_cpus: int | None = None
@@ -139,8 +154,14 @@ class Sampler:
         live: set[Key] = set()
         trainers: list[TrainerSnapshot] = []
         self.processes.begin_tick()
-        for job in self.jobs:
-            trainers.extend(self._tick_job(job, now, mono, board, events, live, complete))
+        walked = [(job, *self._walk_job(job, mono, board)) for job in self.jobs]
+        # smaps and threads first, so this tick's samples carry what they read; one budget
+        # for every job, stalest first, so that no job's processes starve the others'.
+        family = [tree.stats[p] for _, tree, current in walked for p in current]
+        family += [tree.stats[w] for _, tree, current in walked for p in current for w in tree.workers.get(p, ())]
+        self.processes.refresh_slow(family, now, complete)
+        for job, tree, current in walked:
+            trainers.extend(self._tick_job(job, tree, current, now, board, events, live))
         self.processes.forget(live)
         self.discovery.forget(live)
         self.exits.watch(live)
@@ -184,7 +205,8 @@ class Sampler:
             jobs=tuple(j.pid for j in self.jobs),
         )
 
-    def _tick_job(self, job, now, mono, board, events, live, complete) -> list[TrainerSnapshot]:
+    def _walk_job(self, job, mono, board):
+        """The job's process tree this tick, and its trainer pids."""
         tree = (
             Tree(root=None)
             if job.exited
@@ -195,11 +217,9 @@ class Sampler:
         if tree.root is None:
             job.exited = True
             board.add(job_status_notice(job.pid))
-        current = self._trainer_pids(job, tree, board)
-        # smaps and threads first, so this tick's samples carry what they read.
-        family = [tree.stats[p] for p in current]
-        family += [tree.stats[w] for p in current for w in tree.workers.get(p, ())]
-        self.processes.refresh_slow(family, now, complete)
+        return tree, self._trainer_pids(job, tree, board)
+
+    def _tick_job(self, job, tree, current, now, board, events, live) -> list[TrainerSnapshot]:
         out = []
         for pid in current:
             st = tree.stats[pid]
@@ -221,19 +241,15 @@ class Sampler:
                 continue
             if not state.exited:
                 state.exited = True
-                events.append(Event(now, "trainer_exited", state.pid, state.pid))
-                board.add(
-                    Notice(
-                        "trainer_exited",
-                        f"trainer {state.pid} has exited; showing its last data",
-                        None,
-                        state.pid,
-                    )
-                )
+                code = self.exits.exit_code(key)
+                how = describe_exit(code)
+                events.append(Event(now, "trainer_exited", state.pid, state.pid, how, code))
+                state.exit_notice = trainer_exit_notice(state.pid, code)
                 for wkey in state.workers:
                     code = self.exits.exit_code(wkey)
                     detail = describe_exit(code) if code else "with its trainer"
                     events.append(Event(now, "worker_exited", state.pid, wkey[0], detail, code))
+            board.add(state.exit_notice)  # said while its last data is shown
             if state.last is not None:
                 out.append(self._exited_view(state.last, state.last_workers))
         return out

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import jsonschema
 import pytest
-from jobs import PYTHON, comm, descendants, loadertop, wait_for, worker_pids
+from jobs import PYTHON, REPO, comm, descendants, loadertop, wait_for, worker_pids
 
 from loadertop.sampler import Sampler
 
@@ -203,3 +206,50 @@ def test_unwritable_output_path(tmp_path):
     finally:
         p.kill()
         p.wait()
+
+
+def test_crashed_trainer_is_reported_with_how_it_died_and_its_last_data(job):
+    j = job("--workers", "2", "--persistent", "--item-ms", "5")
+    j.wait_ready()
+    workers = j.wait_workers(2)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([PYTHON, "-m", "loadertop", "snapshot", str(j.pid), "--duration", "5", "--interval",
+                             "0.5", "--json", "--no-stacks"], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(2)  # a few ticks of data first
+        os.kill(j.pid, signal.SIGKILL)
+        time.sleep(0.3)
+        j.proc.wait()  # reaped at once, as a shell would
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    report = json.loads(out)
+    trainer = only_trainer(report)
+    assert trainer["status"] == "exited"
+    assert {w["pid"] for w in trainer["workers"]} == workers  # the last data is kept
+    crash = [n for n in report["notices"] if n["id"] == "trainer_crashed"]
+    assert crash and "killed by SIGKILL" in crash[0]["message"] and "OOM" in crash[0]["fix"], report["notices"]
+
+
+def test_memory_readings_are_shared_fairly_between_jobs(job):
+    """One slow-cadence budget for every watched job, stalest first: with a budget far below
+    what one job's smaps cost, the second and third jobs still get USS/PSS (they used to wait
+    forever behind the first)."""
+    from loadertop.probes.procs import ProcessSampler
+
+    jobs = [job("--workers", "2", "--persistent", "--sleep-ms", "500") for _ in range(3)]
+    for j in jobs:
+        j.wait_ready()
+        j.wait_workers(2)
+    sampler = Sampler([j.pid for j in jobs], interval_s=0.1,
+                      processes=ProcessSampler(slow_interval_s=1.0, slow_budget_s=0.0005))
+    try:
+        def everyone_read():
+            snap = sampler.tick()
+            procs = [p for t in snap.trainers for p in (t.main, *t.workers)]
+            return len(procs) == 9 and all(p.uss_bytes is not None for p in procs)
+
+        wait_for(everyone_read, 30, interval=0.1, what="USS of every process of all three jobs")
+    finally:
+        sampler.close()

@@ -195,6 +195,8 @@ class _Slow:
     denied: bool = False
 
 
+# Extra slow-cadence credit per tick, in budgets, while some process has never been read.
+FIRST_READ_BOOST = 3.0
 # A thread counts as busy above this share of one core and of its process's busiest thread.
 BUSY_THREAD_MIN_CPU = 0.05
 BUSY_THREAD_OF_BUSIEST = 0.25
@@ -270,6 +272,12 @@ class ProcessSampler:
             for st in stats:
                 if st.state != "Z" and key_of(st) not in self._slow:
                     self._refresh_one(st, now)
+        if any(st.state != "Z" and key_of(st) not in self._slow and now - st.started_at >= self.slow_interval_s
+               for st in stats):
+            # Processes never read that have lived a while (just attached, a new loader; not
+            # workers churned every epoch): a larger credit until each has USS/PSS once, so a
+            # view of 100+ workers fills in minutes, not many more.
+            self._credit = min(self._credit + FIRST_READ_BOOST * self.slow_budget_s, 8 * self.slow_budget_s)
         if self._credit <= 0:
             return
         due = []
