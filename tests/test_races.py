@@ -72,31 +72,32 @@ class FaultyProc:
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**32 - 1), rate=st.floats(0.0, 0.5),
        kinds=st.frozensets(st.sampled_from(FAULTS), min_size=1))
-def test_random_proc_faults_under_real_churn(churning_job, monkeypatch, seed, rate, kinds):
+def test_random_proc_faults_under_real_churn(churning_job, seed, rate, kinds):
     from loadertop.rules import Diagnoser
     from loadertop.sampler import Sampler
 
-    faults = FaultyProc(seed, rate, kinds)
-    monkeypatch.setattr(procfs, "_read_bytes", faults.read_bytes)
-    monkeypatch.setattr(procfs, "read_stat", faults.read_stat)
-    sampler = Sampler([churning_job.pid], interval_s=0.05)
+    sampler = Sampler([churning_job.pid], interval_s=0.05)  # attaching is not under test: ticks are
     diagnoser = Diagnoser()
     seen: set[tuple[int, float]] = set()
+    faults = FaultyProc(seed, rate, kinds)
     try:
-        for _ in range(8):
-            faults.good.clear()
-            snap = sampler.tick()
-            diagnoser.feed(snap)
-            shown: list[int] = []
-            for t in snap.trainers:
-                for w in t.workers:
-                    shown.append(w.pid)
-                    if t.status == "running" and w.status != "exited":
-                        ticks = round((w.started_at - procfs.BOOT_TIME) * procfs.CLK_TCK)
-                        assert (w.pid, ticks) in faults.good, f"worker {w.pid} shown alive without a good read"
-                        if (w.pid, w.started_at) not in seen:
-                            assert w.cpu_percent is None, "a rate across two identities of one PID"
-                        seen.add((w.pid, w.started_at))
-            assert len(shown) == len(set(shown)), f"a worker shown twice: {shown}"
+        with pytest.MonkeyPatch.context() as patch:  # undone after each example
+            patch.setattr(procfs, "_read_bytes", faults.read_bytes)
+            patch.setattr(procfs, "read_stat", faults.read_stat)
+            for _ in range(8):
+                faults.good.clear()
+                snap = sampler.tick()
+                diagnoser.feed(snap)
+                shown: list[int] = []
+                for t in snap.trainers:
+                    for w in t.workers:
+                        shown.append(w.pid)
+                        if t.status == "running" and w.status != "exited":
+                            ticks = round((w.started_at - procfs.BOOT_TIME) * procfs.CLK_TCK)
+                            assert (w.pid, ticks) in faults.good, f"worker {w.pid} shown alive without a good read"
+                            if (w.pid, w.started_at) not in seen:
+                                assert w.cpu_percent is None, "a rate across two identities of one PID"
+                            seen.add((w.pid, w.started_at))
+                assert len(shown) == len(set(shown)), f"a worker shown twice: {shown}"
     finally:
         sampler.close()

@@ -284,3 +284,27 @@ def test_ctrl_c_stops_early_reports_and_leaves_nothing_running(tmp_path):
     assert "stopped early" in out and "workers=1 prefetch=2" in out
     wait_for(lambda: not [p for p in trial_procs if state(p) not in (None, "Z")], timeout=10,
              what="trial processes gone")
+
+
+def test_a_hanging_dataset_ends_its_setting_and_the_budget_bounds_the_rest(tmp_path):
+    cwd = _user_module(tmp_path, """
+        import time
+        import torch
+        from torch.utils.data import Dataset
+
+        class Stuck(Dataset):
+            def __len__(self):
+                return 100
+            def __getitem__(self, i):
+                time.sleep(600)
+
+        def make():
+            return Stuck()
+    """)
+    started = time.monotonic()
+    r = tune("mydata:make", "--workers", "0,1,2", "--prefetch", "2", "--budget", "2", "--first-batch-timeout", "3",
+             cwd=cwd, timeout=90)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "no first batch within 3 s" in r.stdout
+    assert "not run, the budget was overrun" in r.stdout and "workers=2 prefetch=2" in r.stdout
+    assert time.monotonic() - started < 45

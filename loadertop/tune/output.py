@@ -13,6 +13,7 @@ from .plan import Summary
 from .runner import TuneResult
 
 SCHEMA = "loadertop.tune/1"
+OVERRUN_NOTE = "settings that hang wait for --first-batch-timeout"
 
 
 def _pct(x: float | None) -> str:
@@ -93,6 +94,7 @@ def to_dict(result: TuneResult) -> dict:
         "budget_s": result.spec.budget_s,
         "elapsed_s": round(result.elapsed_s, 1),
         "stopped_early": result.stopped,
+        "skipped": [c.label() for c in result.skipped],
         "machine": {"usable_cpus": m.usable_cpus, "other_trainers": m.other_trainers, "cpu_share": m.cpu_share,
                     "memory_available_bytes": m.memory_available, "cuda": result.cuda},
         "configs": [_row(s, result) for s in result.summaries],
@@ -165,6 +167,9 @@ def summary_lines(result: TuneResult) -> list[str]:
            + (f" (a share of {m.usable_cpus}: {m.other_trainers} other DataLoader jobs running)"
               if m.other_trainers else "")
            + (" - stopped early (Ctrl-C)" if result.stopped else "")]
+    if result.skipped:
+        out.append(f"not run, the budget was overrun ({OVERRUN_NOTE}): "
+                   + ", ".join(c.label() for c in result.skipped))
     if rec is None:
         out.append("no setting could be measured; see the errors above")
         return out

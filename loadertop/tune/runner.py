@@ -34,6 +34,7 @@ TRIAL_SCRIPT = os.path.join(os.path.dirname(__file__), "trial.py")
 TICK_S = 0.5
 REPEATS = 3  # the best few settings run once more
 EXTENSIONS = 2  # times the default grid may double its most workers
+OVERRUN = 1.5  # past this share of the budget (settings that hang until their timeout), stop
 MIN_WINDOW_S = 1.0
 MAX_WINDOW_S = 30.0
 
@@ -94,6 +95,7 @@ class TuneResult:
     elapsed_s: float
     stopped: bool  # Ctrl-C
     metric: str  # "samples/s" or "steps/s"
+    skipped: tuple[Config, ...] = ()  # not run: the budget was overrun
 
 
 class Tuner:
@@ -106,6 +108,7 @@ class Tuner:
         self.loaded: dict = {}
         self.started_at = time.monotonic()
         self.startup_s = 3.0  # spawn, imports, factory: re-estimated after each trial
+        self.skipped: list[Config] = []
 
     # --- the plan ---------------------------------------------------------------------
 
@@ -131,6 +134,9 @@ class Tuner:
             queue_ = list(configs)
             i = 0
             while queue_:
+                if time.monotonic() - self.started_at > OVERRUN * self.spec.budget_s:
+                    self.skipped = list(queue_)  # hanging settings ate the budget: say so, stop
+                    break
                 config = queue_.pop(0)
                 self._run_one(config, i, len(configs), len(queue_) + 1 + REPEATS, repeat=False)
                 i += 1
@@ -225,6 +231,7 @@ class Tuner:
         reader.start()
         sampler = None
         in_window = []
+        shm_peak = (0, None)  # (used, total) of /dev/shm over the whole trial
         result = error = None
         first_batch_at = None
         window_started = None
@@ -234,6 +241,9 @@ class Tuner:
             deadline = spawned + self.spec.first_batch_timeout_s
             while result is None and error is None:
                 snap = sampler.tick()
+                for t in snap.trainers:
+                    if t.shm is not None and t.shm.used_bytes is not None:
+                        shm_peak = max(shm_peak, (t.shm.used_bytes, t.shm.total_bytes), key=lambda u: u[0])
                 if window_started is not None:
                     in_window.append(snap)
                 end = time.monotonic() + TICK_S
@@ -248,6 +258,7 @@ class Tuner:
                     kind = event.get("event")
                     if kind == "loaded":
                         self.loaded = event
+                        deadline = time.monotonic() + self.spec.first_batch_timeout_s  # now the loader's turn
                     elif kind == "first_batch":
                         first_batch_at = time.monotonic()
                         trial.first_batch_s = event["s"]
@@ -266,6 +277,11 @@ class Tuner:
                     what = "no first batch" if first_batch_at is None else "the window did not end"
                     limit = self.spec.first_batch_timeout_s if first_batch_at is None else window + 30
                     error = f"{what} within {limit:.0f} s: the dataset or a worker hangs"
+                    used, total = shm_peak
+                    if total and used >= plan.SHM_LIMIT * total:
+                        # torch's loader blocks, not crashes, when its shared memory runs out
+                        error = (f"{what} within {limit:.0f} s with /dev/shm full ({used / 2**20:.0f} of "
+                                 f"{total / 2**20:.0f} MiB): the batches in flight do not fit")
                     if not self.loaded and not self._any_measured():
                         raise FactoryError(f"the factory {self.spec.factory} did not return within "
                                            f"{limit:.0f} s (a hang while importing or building the dataset)")
@@ -364,7 +380,7 @@ class Tuner:
             recommendation=plan.recommend(summaries, self.machine.cpu_share),
             batch_size=self.loaded.get("batch_size"), dataset=self.loaded.get("dataset"),
             extra_kwargs=tuple(self.loaded.get("kwargs") or ()), cuda=bool(self.loaded.get("cuda")),
-            elapsed_s=time.monotonic() - self.started_at, stopped=stopped,
+            elapsed_s=time.monotonic() - self.started_at, stopped=stopped, skipped=tuple(self.skipped),
             metric="steps/s" if self.spec.per_step_ms else "samples/s",
         )
 
