@@ -56,7 +56,7 @@ def test_batches_of_many_small_tensors_are_slow_to_receive_not_to_load(job):
     j = job("--workers", "2", "--persistent", "--batch-size", "8", "--step-ms", "30",
             "--tensors-per-item", "32", "--tensor-kb", "64")
     j.wait_ready()
-    f = findings(report(j.pid, duration=10))
+    f = findings(report(j.pid, duration=12))
     assert set(f) == {"main_process_bound"}, f
     assert f["main_process_bound"]["evidence"]["workers_waiting_for_indices"] is True
     assert f["main_process_bound"]["evidence"]["main_process_fraction"] >= 0.2

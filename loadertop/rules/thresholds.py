@@ -19,9 +19,10 @@ CONFIDENCE_Z = 1.64
 WORKER_CPU_BOUND = 80.0
 WORKER_IO_BOUND = 50.0
 # Share of each worker's stack dumps over the window that must show "waiting for indices" to
-# call the loader ahead of the loop. A starved worker shows it ~never; a worker that is ahead
-# shows it all but its busy share (a worker that hands many tensors over is busy ~20%).
-LOADER_AHEAD_SHARE = 0.5
+# call the loader ahead of the loop. A worker that is behind always has prefetched indices
+# queued and shows it ~never; one that is ahead shows it all but its busy share (~75% for a
+# worker handing many tensors over). A third keeps a few unlucky dumps from deciding.
+LOADER_AHEAD_SHARE = 0.34
 # I/O-bound loaders may run more workers than cores; cap the suggestion at this many per CPU.
 IO_WORKERS_PER_CPU = 4
 
