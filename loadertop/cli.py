@@ -419,9 +419,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                     workers=args.workers, prefetch=args.prefetch, pin_memory=args.pin_memory,
                     per_step_ms=args.per_step_ms, first_batch_timeout_s=args.first_batch_timeout,
                     python=args.python)
-    metric = "steps/s" if args.per_step_ms else "samples/s"
     live = sys.stderr.isatty()
-    progress = LiveProgress(metric, args.budget) if live else LineProgress(metric, args.budget)
+    progress = (LiveProgress if live else LineProgress)(spec.metric, args.budget)
     tuner = Tuner(spec, progress)
     try:
         if live:

@@ -7,6 +7,7 @@ can stay a pure consumer of snapshots. `History` keeps a bounded run of recent s
 
 from __future__ import annotations
 
+import signal as signals
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -58,8 +59,6 @@ def describe_exit(code: int | None) -> str:
         return ""
     signal = code & 0x7F
     if signal:
-        import signal as signals
-
         try:
             name = signals.Signals(signal).name
         except ValueError:
@@ -75,9 +74,9 @@ def trainer_exit_notice(pid: int, code: int | None) -> Notice:
     if code == 0:
         return Notice("trainer_exited", f"trainer {pid} has exited normally; showing its last data", None, pid)
     fix = None
-    if code & 0x7F == 9:
+    if code & 0x7F == signals.SIGKILL:
         fix = "SIGKILL out of nowhere is usually the kernel's OOM killer: check `dmesg | grep -i oom`"
-    elif code & 0x7F == 7:
+    elif code & 0x7F == signals.SIGBUS:
         fix = "a Bus error in a DataLoader job is usually a full /dev/shm: raise --shm-size"
     return Notice("trainer_crashed", f"trainer {pid} died ({describe_exit(code)}); showing its last data", fix, pid)
 

@@ -272,24 +272,27 @@ class ProcessSampler:
             for st in stats:
                 if st.state != "Z" and key_of(st) not in self._slow:
                     self._refresh_one(st, now)
-        if any(st.state != "Z" and key_of(st) not in self._slow and now - st.started_at >= self.slow_interval_s
-               for st in stats):
-            # Processes never read that have lived a while (just attached, a new loader; not
-            # workers churned every epoch): a larger credit until each has USS/PSS once, so a
-            # view of 100+ workers fills in minutes, not many more.
-            self._credit = min(self._credit + FIRST_READ_BOOST * self.slow_budget_s, 8 * self.slow_budget_s)
-        if self._credit <= 0:
-            return
         due = []
+        boost = False
         for st in stats:
             if st.state == "Z":
                 continue
             slow = self._slow.get(key_of(st))
-            last = slow.sampled_at if slow and slow.sampled_at is not None else None
+            if slow is None:  # never read: first in line
+                due.append((float("-inf"), st))
+                # One that has lived a while (just attached, a new loader; not a worker churned
+                # every epoch) earns a larger credit until each has USS/PSS once, so a view of
+                # 100+ workers fills in minutes, not many more.
+                boost = boost or now - st.started_at >= self.slow_interval_s
+                continue
             # The second reading comes soon: busy threads need two.
-            wait = self.slow_interval_s if slow and slow.busy_threads is not None else 1.0
-            if last is None or now - last >= wait - 1e-3:
-                due.append((last if last is not None else float("-inf"), st))
+            wait = self.slow_interval_s if slow.busy_threads is not None else 1.0
+            if now - slow.sampled_at >= wait - 1e-3:
+                due.append((slow.sampled_at, st))
+        if boost:
+            self._credit = min(self._credit + FIRST_READ_BOOST * self.slow_budget_s, 8 * self.slow_budget_s)
+        if self._credit <= 0:
+            return
         due.sort(key=lambda item: item[0])
         for _, st in due:
             started = time.perf_counter()

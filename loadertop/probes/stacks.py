@@ -19,7 +19,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..model import WAITING_FOR_INDICES, DataWait, Notice
 
@@ -288,7 +288,7 @@ class _Recording:
     started: float  # epoch seconds: the window's place in time
     output: str
     errors: str
-    started_mono: float = 0.0  # for the hang timeout
+    started_mono: float  # for the hang timeout
 
 
 class StackSampler:
@@ -501,8 +501,7 @@ class StackSampler:
         if info is None:
             return
         if known is not None and info.worker_id is None:
-            info = WorkerInfo(known.worker_id, known.num_workers, known.persistent_workers,
-                              known.dataset_class, info.doing, info.python_threads | known.python_threads)
+            info = replace(known, doing=info.doing, python_threads=info.python_threads | known.python_threads)
         with self._lock:
             self._workers[pid] = info
 

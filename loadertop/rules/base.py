@@ -102,10 +102,11 @@ class Context:
 
     @cached_property
     def loader_ahead(self) -> bool:
-        """Every worker mostly sits waiting for indices: the batches asked of them are done,
-        so the loop's data wait is receiving them, not loading them. A starved worker always
-        has prefetch_factor batches queued and never waits for indices; batches come in order,
-        so one busy straggler already makes the loop wait (hence: every worker)."""
+        """Every worker is often seen waiting for indices (LOADER_AHEAD_SHARE of its dumps):
+        the batches asked of it are done, so the loop's data wait is receiving them, not
+        loading them. A starved worker always has prefetch_factor batches queued and never
+        waits for indices; batches come in order, so one busy straggler already makes the
+        loop wait (hence: every worker)."""
         seen: dict[int, list[bool]] = {}
         for t in self.window:
             for w in t.workers:

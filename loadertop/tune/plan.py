@@ -157,14 +157,36 @@ class Recommendation:
     reasons: tuple[str, ...]
 
 
-def recommend(summaries: list[Summary], cpu_share: int) -> Recommendation | None:
-    usable = [s for s in summaries if s.excluded is None and s.rate is not None]
-    if not usable:
+def usable(summaries: list[Summary]) -> list[Summary]:
+    """The settings that were measured and may be recommended."""
+    return [s for s in summaries if s.excluded is None and s.rate is not None]
+
+
+def fastest(summaries: list[Summary]) -> Summary | None:
+    return max(usable(summaries), key=lambda s: s.rate, default=None)
+
+
+def still_climbing(summaries: list[Summary]) -> Summary | None:
+    """The fastest setting when it has the most workers tried and is clearly faster than any
+    with fewer: the curve has not flattened at the edge of the grid."""
+    best = fastest(summaries)
+    if best is None:
         return None
-    best = max(usable, key=lambda s: s.rate)
-    near = [s for s in usable if s.rate >= best.rate * (1 - TOLERANCE) or indistinguishable(s, best)]
+    top = max(s.config.num_workers for s in summaries)
+    below = [s.rate for s in usable(summaries) if s.config.num_workers < top]
+    if best.config.num_workers != top or not below or best.rate <= max(below) * (1 + 2 * TOLERANCE):
+        return None
+    return best
+
+
+def recommend(summaries: list[Summary], cpu_share: int) -> Recommendation | None:
+    best = fastest(summaries)
+    if best is None:
+        return None
+    measured = usable(summaries)
+    near = [s for s in measured if s.rate >= best.rate * (1 - TOLERANCE) or indistinguishable(s, best)]
     chosen = min(near, key=lambda s: s.config)
-    ties = tuple(s.config for s in usable if s is not best and indistinguishable(s, best))
+    ties = tuple(s.config for s in measured if s is not best and indistinguishable(s, best))
     reasons = []
     if chosen is not best:
         gap = 1 - chosen.rate / best.rate
@@ -173,15 +195,12 @@ def recommend(summaries: list[Summary], cpu_share: int) -> Recommendation | None
             f"{chosen.config.label()} is {close} the fastest ({best.config.label()}) "
             "at a lower cost in processes and memory"
         )
-    top = max(s.config.num_workers for s in summaries)
-    below = [s for s in usable if s.config.num_workers < top]
-    runner_up = max(below, key=lambda s: s.rate) if below else None
-    if best.config.num_workers == top and runner_up is not None and best.rate > runner_up.rate * (1 + 2 * TOLERANCE):
-        # Still climbing at the edge of the grid: the curve has not flattened yet.
+    if still_climbing(summaries) is not None:
+        top = best.config.num_workers
         reasons.append(f"the fastest setting is the most workers tried ({top}): more may help, "
                        f"try --workers {top},{2 * top}")
     if chosen.config.num_workers > cpu_share:
-        within = [s for s in usable if s.config.num_workers <= cpu_share]
+        within = [s for s in measured if s.config.num_workers <= cpu_share]
         fewer = max(within, key=lambda s: s.rate) if within else None
         gain = f" ({chosen.rate / fewer.rate - 1:+.0%} against {fewer.config.label()})" if fewer else ""
         cpu = chosen.mean("worker_cpu_percent")

@@ -57,6 +57,11 @@ class TuneSpec:
     python: str = sys.executable
     cwd: str = field(default_factory=os.getcwd)
 
+    @property
+    def metric(self) -> str:
+        """With an emulated step each batch is a step; without one, samples are what count."""
+        return "steps/s" if self.per_step_ms else "samples/s"
+
 
 @dataclass
 class Machine:
@@ -166,22 +171,14 @@ class Tuner:
         return self._result(stopped)
 
     def _extension(self) -> Config | None:
-        summaries = [s for s in self._summaries() if s.rate is not None and s.excluded is None]
-        if not summaries:
+        best = plan.still_climbing(self._summaries())
+        if best is None or 2 * best.config.num_workers > plan.MAX_WORKERS:
             return None
-        best = max(summaries, key=lambda s: s.rate)
-        top = max(c.num_workers for c in self.trials)
-        below = [s for s in summaries if s.config.num_workers < top]
-        if best.config.num_workers != top or not below or 2 * top > plan.MAX_WORKERS:
-            return None
-        if best.rate <= max(s.rate for s in below) * (1 + 2 * plan.TOLERANCE):
-            return None  # flat: the curve has turned
-        return Config(2 * top, best.config.prefetch_factor, best.config.pin_memory)
+        return Config(2 * best.config.num_workers, best.config.prefetch_factor, best.config.pin_memory)
 
     def _repeat_candidates(self) -> list[Config]:
         summaries = self._summaries()
-        ranked = sorted((s for s in summaries if s.rate is not None and s.excluded is None),
-                        key=lambda s: -s.rate)
+        ranked = sorted(plan.usable(summaries), key=lambda s: -s.rate)
         candidates = [s.config for s in ranked[:REPEATS]]
         rec = plan.recommend(summaries, self.machine.cpu_share)
         if rec is not None and rec.chosen.config not in candidates:
@@ -192,8 +189,7 @@ class Tuner:
         return [plan.summarize(c, ts, self.machine.memory_available) for c, ts in sorted(self.trials.items())]
 
     def _best(self) -> Summary | None:
-        usable = [s for s in self._summaries() if s.rate is not None and s.excluded is None]
-        return max(usable, key=lambda s: s.rate) if usable else None
+        return plan.fastest(self._summaries())
 
     def _run_one(self, config: Config, index: int, total: int, runs_left: int, repeat: bool) -> None:
         warmup, window = self._times(runs_left)
@@ -381,7 +377,7 @@ class Tuner:
             batch_size=self.loaded.get("batch_size"), dataset=self.loaded.get("dataset"),
             extra_kwargs=tuple(self.loaded.get("kwargs") or ()), cuda=bool(self.loaded.get("cuda")),
             elapsed_s=time.monotonic() - self.started_at, stopped=stopped, skipped=tuple(self.skipped),
-            metric="steps/s" if self.spec.per_step_ms else "samples/s",
+            metric=self.spec.metric,
         )
 
     def close(self) -> None:

@@ -213,7 +213,6 @@ def run(cfg: dict) -> None:
     emit("result", batches=batches, samples=samples, window_s=elapsed, wait_s=wait, epochs=epochs,
          chunks=chunks, batch_size=batch_size)
     sys.stdin.read()  # hold the workers until the parent has read their memory
-    del it
 
 
 if __name__ == "__main__":
