@@ -172,7 +172,7 @@ def test_settings_that_overflow_a_small_dev_shm_are_left_out(tmp_path):
     # 4 MiB samples in batches of 4: 16 MiB a batch; 4 workers x prefetch 4 hold 16 batches.
     r = subprocess.run(
         ["unshare", "-m", "--propagation", "private", "sh", "-c", script, PYTHON, "-m", "loadertop", "tune",
-         "loadertop.tune.examples:large", "--workers", "1,4", "--prefetch", "1,4", "--budget", "16",
+         "loadertop.tune.examples:large", "--workers", "1,4", "--prefetch", "1,4", "--budget", "24",
          "--first-batch-timeout", "20", "-o", str(out)],
         capture_output=True, text=True, timeout=180, env=env)
     assert r.returncode == 0, r.stderr
@@ -183,6 +183,27 @@ def test_settings_that_overflow_a_small_dev_shm_are_left_out(tmp_path):
     assert (rec["num_workers"], rec["prefetch_factor"]) != (4, 4)
     chosen = next(c for c in result["configs"] if c["recommended"])
     assert chosen["shm_peak_bytes"] <= 0.8 * 64 * 2**20 and chosen["shm_total_bytes"] == 64 * 2**20
+
+
+def test_a_batch_lost_to_a_full_dev_shm_is_seen_on_the_trials_stderr(tmp_path):
+    from loadertop.tune.runner import _StderrWatch
+
+    # What torch prints when a worker's queue feeder cannot put a batch in /dev/shm: the
+    # batch is dropped and the loader then waits for it forever.
+    lines = ["Traceback (most recent call last):",
+             '  File "/usr/lib/python3.11/multiprocessing/queues.py", line 244, in _feed',
+             "RuntimeError: unable to allocate shared memory(shm) for file </torch_1_2_3>: No space left on device (28)"]
+    with open(tmp_path / "stderr", "w+b") as f:
+        watch = _StderrWatch(f)
+        f.write(b"UserWarning: This DataLoader will create 4 worker processes\n")
+        f.flush()
+        assert watch.shm_full() is None
+        f.write(("\n".join(lines) + "\n").encode())
+        f.flush()
+        offset = f.tell()
+        found = watch.shm_full()
+        assert found == "RuntimeError: unable to allocate shared memory(shm): No space left on device (28)"
+        assert f.tell() == offset  # the trial keeps writing where it was
 
 
 # --- the user's mistakes ------------------------------------------------------------

@@ -225,6 +225,7 @@ class Tuner:
         events: queue.Queue = queue.Queue()
         reader = threading.Thread(target=_read_lines, args=(proc.stdout, events), daemon=True)
         reader.start()
+        stderr_watch = _StderrWatch(stderr)
         sampler = None
         in_window = []
         shm_peak = (0, None)  # (used, total) of /dev/shm over the whole trial
@@ -269,6 +270,12 @@ class Tuner:
                         result = event
                     elif kind == "error":
                         error = self._error(event)
+                if result is None and error is None:
+                    # A worker whose batch does not fit in /dev/shm loses it in its queue's feeder
+                    # thread (a traceback on stderr) and torch then waits for it forever: end now.
+                    lost = stderr_watch.shm_full()
+                    if lost:
+                        error = f"/dev/shm is full: a worker could not hand over a batch ({lost}); torch waits for it"
                 if result is None and error is None and time.monotonic() > deadline:
                     what = "no first batch" if first_batch_at is None else "the window did not end"
                     limit = self.spec.first_batch_timeout_s if first_batch_at is None else window + 30
@@ -393,6 +400,31 @@ def _read_lines(stream, events: queue.Queue) -> None:
         if isinstance(event, dict) and "event" in event:
             events.put(event)
     events.put(None)
+
+
+SHM_FULL = re.compile(rb"^\w*Error: (unable to allocate shared memory|.*No space left on device).*", re.M)
+
+
+class _StderrWatch:
+    """Reads what a running trial adds to its stderr file, without moving the offset the
+    trial writes at (the file description is shared with it)."""
+
+    def __init__(self, file) -> None:
+        self.fd = file.fileno()
+        self.seen = 0
+
+    def shm_full(self) -> str | None:
+        """The error line of a worker's failed hand-over through /dev/shm, once printed."""
+        size = os.fstat(self.fd).st_size
+        if size <= self.seen:
+            return None
+        start = max(0, self.seen - 512)  # a line cut by the last read is read whole
+        text = os.pread(self.fd, size - start, start)
+        self.seen = size
+        found = SHM_FULL.search(text)
+        if found is None:
+            return None
+        return re.sub(r" for file <[^>]*>", "", found.group(0).decode(errors="replace"))[:200]
 
 
 def _end(proc: subprocess.Popen, graceful: bool) -> None:
