@@ -2,7 +2,8 @@
 first data. CPU is read from /proc for loadertop and, separately, its py-spy children
 (their rusage shows in loadertop's cutime/cstime once reaped).
 
-Run: python bench/tui_overhead.py [--seconds 60] [--workers 8]
+Run: python bench/tui_overhead.py [--seconds 60] [--warmup 3] [--workers 8]
+(--warmup 40: steady state, past the first dump of each worker found on attach)
 """
 
 from __future__ import annotations
@@ -36,11 +37,12 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--seconds", type=float, default=60)
     p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--warmup", type=float, default=3.0, help="seconds after first data before measuring")
     p.add_argument("--no-stacks", action="store_true")
     args = p.parse_args()
     job = subprocess.Popen([sys.executable, "-m", "loadertop.demo_job", "--workers", str(args.workers),
                             "--persistent", "--sleep-ms", "20", "--batch-size", "4", "--step-ms", "20",
-                            "--duration", str(args.seconds + 60)], cwd=REPO, stdout=subprocess.DEVNULL,
+                            "--duration", str(args.seconds + args.warmup + 60)], cwd=REPO, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, start_new_session=True)
     name = f"bench-{uuid.uuid4().hex[:6]}"
     try:
@@ -63,7 +65,7 @@ def main() -> None:
             time.sleep(0.02)
         pane = int(subprocess.run(["tmux", "list-panes", "-t", name, "-F", "#{pane_pid}"], capture_output=True,
                                   text=True).stdout.split()[0])
-        time.sleep(3)  # past start-up (imports, first py-spy window)
+        time.sleep(args.warmup)  # past start-up (imports, first py-spy window)
         with open(f"/proc/{pane}/task/{pane}/children") as f:
             kids = [int(k) for k in f.read().split()]
         monitor = kids[0] if kids else pane

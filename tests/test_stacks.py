@@ -210,3 +210,44 @@ def test_unprivileged_run_gives_null_and_the_fix(job, world_readable_loadertop):
     assert trainer["workers"][0]["cpu_percent"] is not None  # everything else still works
     notice = next(n for n in report["notices"] if n["id"] == "data_wait_ptrace")
     assert "another user" in notice["message"] and "root" in notice["fix"]
+
+
+def test_duty_cycle_dumps_new_workers_at_once_and_counts_a_stall_across_gaps(job):
+    """The live view's py-spy settings: a window every few seconds and rare dumps. Workers
+    found on attach still get their arguments within seconds, and a loop that waited all
+    through consecutive windows is counted as stalled in the gaps between them too."""
+    import signal
+    import time
+
+    from jobs import wait_for, worker_pids
+
+    from loadertop.probes.stacks import StackSampler
+
+    j = job("--workers", "3", "--persistent", "--item-ms", "5")
+    j.wait_ready()
+    workers = j.wait_workers(3)
+    sampler = StackSampler(window_s=2, gap_s=3.0, rolling_s=10.0, dump_interval_s=600.0, dump_burst=3)
+    try:
+        sampler.watch({j.pid: tuple(sorted(workers))})
+        # One dump every 600 s, but three saved up: each worker is dumped a second apart.
+        infos = wait_for(lambda: i if all(i := [sampler.worker(w) for w in workers]) else None, 20,
+                         what="a dump of every worker")
+        assert sorted(i.worker_id for i in infos) == [0, 1, 2]
+        for w in workers:
+            os.kill(w, signal.SIGSTOP)
+        time.sleep(1)  # the prefetched batches drain; from here the loop only waits
+
+        def stalled_windows():
+            runs = [(start, end) for start, end, dw in sampler.windows(j.pid)
+                    if dw.samples and dw.fraction >= 0.95]
+            return runs if len(runs) >= 2 else None
+
+        runs = wait_for(stalled_windows, 30, what="two stalled windows")
+        dw = sampler.data_wait(j.pid)
+        in_windows = sum(end - start for start, end in runs)
+        # Two 2 s windows with a 3 s gap: ~7 s stalled, not the 4 s the windows cover.
+        assert dw.stalled_for_s >= in_windows + 2.0, (dw.stalled_for_s, runs)
+    finally:
+        for w in worker_pids(j.pid):
+            os.kill(w, signal.SIGCONT)
+        sampler.close()

@@ -291,6 +291,9 @@ class _Recording:
     started_mono: float  # for the hang timeout
 
 
+DUMP_GAP_S = 1.0  # saved-up dumps run at most this often
+
+
 class StackSampler:
     """Runs py-spy windows on each watched trainer and dumps workers, on its own thread."""
 
@@ -304,8 +307,12 @@ class StackSampler:
         pyspy: str | None = None,
         gap_s: float = 0.0,
         refresh_doing: bool = True,
+        dump_burst: int = 1,
     ) -> None:
         """gap_s: pause between a trainer's windows (duty cycle), to sample less often.
+        Worker dumps run on a credit: one earned every dump_interval_s, at most dump_burst
+        saved up and spent a second apart, so the workers found on attach (or when a loader
+        starts) get their arguments within seconds while the steady rate stays low.
         refresh_doing=False dumps each worker once (its arguments), not again for its frame."""
         self.window_s = max(1, int(window_s))
         self.gap_s = gap_s
@@ -313,6 +320,7 @@ class StackSampler:
         self.rate_hz = rate_hz
         self.rolling_s = rolling_s
         self.dump_interval_s = dump_interval_s
+        self.dump_burst = max(1, dump_burst)
         self.stall_fraction = stall_fraction
         self.pyspy = pyspy or find_pyspy()
         self._lock = threading.Lock()
@@ -320,6 +328,7 @@ class StackSampler:
         self._recordings: dict[int, _Recording] = {}
         self._windows: dict[int, deque[_Window]] = {}
         self._stalled: dict[int, float] = {}
+        self._stall_since: dict[int, float] = {}  # epoch start of the current run of stalled windows
         self._workers: dict[int, WorkerInfo] = {}
         self._dumped_at: dict[int, float] = {}
         self._notices: dict[tuple[str, int | None], Notice] = {}
@@ -328,6 +337,7 @@ class StackSampler:
         self._tmp = tempfile.mkdtemp(prefix="loadertop-stacks-")
         self._accepting = True
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="loadertop-stacks", daemon=True)
         self._thread.start()
 
@@ -335,7 +345,10 @@ class StackSampler:
 
     def watch(self, trainers: dict[int, tuple[int, ...]]) -> None:
         with self._lock:
+            changed = trainers != self._targets
             self._targets = dict(trainers)
+        if changed:
+            self._wake.set()  # a new trainer or worker: the thread looks now, not at its next wake
 
     def data_wait(self, trainer_pid: int) -> DataWait | None:
         with self._lock:
@@ -384,6 +397,7 @@ class StackSampler:
 
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
         self._thread.join(timeout=5)
         with self._lock:
             for rec in self._recordings.values():
@@ -398,7 +412,8 @@ class StackSampler:
             with self._lock:
                 self._notices[(NO_PYSPY.id, None)] = NO_PYSPY
             return
-        last_dump = 0.0
+        last_dump = last_loop = time.monotonic() - DUMP_GAP_S
+        credit = float(self.dump_burst)
         while not self._stop.is_set():
             with self._lock:
                 targets = dict(self._targets)
@@ -414,12 +429,30 @@ class StackSampler:
                 elif now - rec.started_mono > self.window_s + 10:
                     _kill(rec.proc)  # a hung py-spy: give up this window, keep going
                     self._finish_recording(pid, rec, timed_out=True)
-            if now - last_dump >= self.dump_interval_s:
+            credit = min(self.dump_burst, credit + (now - last_loop) / self.dump_interval_s)
+            last_loop = now
+            gap = min(DUMP_GAP_S, self.dump_interval_s)
+            wake = []
+            if credit >= 1.0 - 1e-9 and now - last_dump >= gap:
                 worker = self._next_worker(targets)
                 if worker is not None:
                     self._dump(worker, now)
+                    credit -= 1.0
                     last_dump = now
-            self._stop.wait(0.2)  # windows last seconds: a fifth of a second late is fine
+                    wake.append(last_dump + max(gap, (1.0 - credit) * self.dump_interval_s))
+                # else nothing to dump until watch() brings a new worker (and wakes us)
+            else:
+                wake.append(last_dump + max(gap, (1.0 - credit) * self.dump_interval_s))
+            # Sleep until something is due (a window ends or starts, a dump's credit) rather
+            # than polling: each wake-up takes the GIL from the UI.
+            wake += [rec.started_mono + self.window_s for rec in self._recordings.values()]
+            if accepting:
+                wake += [max(self._refused_until.get(p, 0.0), self._next_start.get(p, 0.0))
+                         for p in targets if p not in self._recordings]
+            # py-spy exits just after its window: look again a fifth of a second apart then.
+            delay = min(5.0, max(0.2, min(wake, default=now + 5.0) - time.monotonic()))
+            self._wake.wait(delay)
+            self._wake.clear()
 
     def _start_recording(self, pid: int) -> None:
         output = os.path.join(self._tmp, f"{pid}-{time.monotonic_ns()}.txt")
@@ -461,8 +494,12 @@ class StackSampler:
                 total = sum(counts.values())
                 waiting = counts.get(WAIT, 0) + counts.get(MAIN, 0)
                 if waiting >= self.stall_fraction * total:
-                    self._stalled[pid] = self._stalled.get(pid, 0.0) + (ended - rec.started)
+                    # From the start of the first of consecutive stalled windows: a loop that
+                    # waited all through two windows waited in the gap between them too.
+                    since = self._stall_since.setdefault(pid, rec.started)
+                    self._stalled[pid] = ended - since
                 else:
+                    self._stall_since.pop(pid, None)
                     self._stalled[pid] = 0.0
             elif rec.proc.returncode not in (0, None) and os.path.exists(f"/proc/{pid}"):
                 notice = error_notice(stderr, pid)

@@ -16,11 +16,19 @@ class LiveSource:
     live = True
 
     def __init__(self, pids: list[int], interval_s: float = 1.0, stacks: bool = True) -> None:
+        from ..probes.procs import ProcessSampler
         from ..probes.stacks import StackSampler
         from ..sampler import Sampler
 
-        self.stacks = StackSampler(window_s=10, rolling_s=30.0, dump_interval_s=10.0) if stacks else None
-        self.sampler = Sampler(pids, interval_s=interval_s, stacks=self.stacks)
+        # What the live view costs is mostly py-spy and smaps (docs/BENCHMARKS.md §3). py-spy
+        # pays per sample (each reads every thread's stack) and per dump (~0.1 s of CPU): a
+        # 10 s window every 30 s (data wait over the last two) and a worker dump every 30 s
+        # once the workers found on attach have had theirs. smaps costs ~6 ms a worker here:
+        # 2.5 ms of it a second refreshes each of 8 workers' USS/PSS about once a minute.
+        self.stacks = StackSampler(window_s=10, gap_s=20.0, rolling_s=40.0, dump_interval_s=30.0,
+                                   dump_burst=16) if stacks else None
+        self.sampler = Sampler(pids, interval_s=interval_s, stacks=self.stacks,
+                               processes=ProcessSampler(slow_budget_s=0.0025))
         self.diagnoser = Diagnoser()
 
     @property
