@@ -341,8 +341,8 @@ def cmd_record(args: argparse.Namespace) -> int:
     if not args.no_stacks:
         from .probes.stacks import StackSampler
 
-        # As the live view: back-to-back 10 s windows (each py-spy start costs an attach and a
-        # symbol load) and a worker dump every 10 s (3.8% of a core with 5 s / 2 s).
+        # A recording is replayed tick by tick: back-to-back 10 s windows (the live view has
+        # one every 30 s) and a worker dump every 10 s (3.8% of a core with 5 s / 2 s).
         stacks = StackSampler(window_s=10, rolling_s=30.0, dump_interval_s=10.0)
     sampler = Sampler(args.pids, interval_s=args.interval, stacks=stacks)
     try:

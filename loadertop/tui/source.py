@@ -9,6 +9,11 @@ from collections.abc import Iterable
 from ..model import Finding, Snapshot
 from ..rules import Diagnoser
 
+# The live view's py-spy duty cycle (the help screen tells it from here).
+WINDOW_S = 10
+WINDOW_EVERY_S = 30.0
+DUMP_EVERY_S = 30.0
+
 
 class LiveSource:
     """Samples real jobs. `next()` runs one tick: call it from a worker thread only."""
@@ -25,8 +30,8 @@ class LiveSource:
         # 10 s window every 30 s (data wait over the last two) and a worker dump every 30 s
         # once the workers found on attach have had theirs. smaps costs ~6 ms a worker here:
         # 2.5 ms of it a second refreshes each of 8 workers' USS/PSS about once a minute.
-        self.stacks = StackSampler(window_s=10, gap_s=20.0, rolling_s=40.0, dump_interval_s=30.0,
-                                   dump_burst=16) if stacks else None
+        self.stacks = StackSampler(window_s=WINDOW_S, gap_s=WINDOW_EVERY_S - WINDOW_S, rolling_s=WINDOW_EVERY_S + 10,
+                                   dump_interval_s=DUMP_EVERY_S, dump_burst=16) if stacks else None
         self.sampler = Sampler(pids, interval_s=interval_s, stacks=self.stacks,
                                processes=ProcessSampler(slow_budget_s=0.0025))
         self.diagnoser = Diagnoser()

@@ -8,6 +8,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from ...fields import TRAINER_FIELDS, WORKER_FIELDS
+from ..source import DUMP_EVERY_S, WINDOW_EVERY_S, WINDOW_S
 
 KEYS = (
     ("q", "quit (the job keeps running; `loadertop demo` stops its own job)"),
@@ -33,7 +34,10 @@ class HelpScreen(ModalScreen):
         lines += [f"  [b]{f.header:<7}[/b] {f.help}" for f in WORKER_FIELDS]
         lines += ["", "[b]Header and history[/b]"]
         lines += [f"  [b]{f.header:<9}[/b] {f.help}" for f in TRAINER_FIELDS]
-        lines += ["", "Findings say what to change; `n/a` values come with a notice saying why.",
+        lines += ["", f"Data wait is sampled by py-spy from outside: a {WINDOW_S} s window every {WINDOW_EVERY_S:g} s,",
+                  "the figure covering the last two (`loadertop.watch(loader)` in the script makes it exact).",
+                  f"What each worker is DOING comes from a py-spy dump of one worker every {DUMP_EVERY_S:g} s.",
+                  "", "Findings say what to change; `n/a` values come with a notice saying why.",
                   "Full reference: docs/RULES.md.  Press escape to close."]
         with VerticalScroll(id="help-body"):
             yield Static("\n".join(lines))
