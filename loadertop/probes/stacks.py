@@ -432,19 +432,18 @@ class StackSampler:
             credit = min(self.dump_burst, credit + (now - last_loop) / self.dump_interval_s)
             last_loop = now
             gap = min(DUMP_GAP_S, self.dump_interval_s)
-            wake = []
+            nothing_to_dump = False
             if credit >= 1.0 - 1e-9 and now - last_dump >= gap:
                 worker = self._next_worker(targets)
-                if worker is not None:
+                if worker is None:
+                    nothing_to_dump = True  # until watch() brings a new worker, and wakes us
+                else:
                     self._dump(worker, now)
                     credit -= 1.0
                     last_dump = now
-                    wake.append(last_dump + max(gap, (1.0 - credit) * self.dump_interval_s))
-                # else nothing to dump until watch() brings a new worker (and wakes us)
-            else:
-                wake.append(last_dump + max(gap, (1.0 - credit) * self.dump_interval_s))
             # Sleep until something is due (a window ends or starts, a dump's credit) rather
             # than polling: each wake-up takes the GIL from the UI.
+            wake = [] if nothing_to_dump else [last_dump + max(gap, (1.0 - credit) * self.dump_interval_s)]
             wake += [rec.started_mono + self.window_s for rec in self._recordings.values()]
             if accepting:
                 wake += [max(self._refused_until.get(p, 0.0), self._next_start.get(p, 0.0))

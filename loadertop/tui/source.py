@@ -26,10 +26,10 @@ class LiveSource:
         from ..sampler import Sampler
 
         # What the live view costs is mostly py-spy and smaps (docs/BENCHMARKS.md §3). py-spy
-        # pays per sample (each reads every thread's stack) and per dump (~0.1 s of CPU): a
-        # 10 s window every 30 s (data wait over the last two) and a worker dump every 30 s
-        # once the workers found on attach have had theirs. smaps costs ~6 ms a worker here:
-        # 2.5 ms of it a second refreshes each of 8 workers' USS/PSS about once a minute.
+        # pays per sample (each reads every thread's stack) and per dump (~0.1 s of CPU): one
+        # window per WINDOW_EVERY_S (data wait over the last two) and one worker dump per
+        # DUMP_EVERY_S once the workers found on attach have had theirs. smaps costs ~6 ms a
+        # worker here: 2.5 ms of it a second refreshes each of 8 workers' USS/PSS about once a minute.
         self.stacks = StackSampler(window_s=WINDOW_S, gap_s=WINDOW_EVERY_S - WINDOW_S, rolling_s=WINDOW_EVERY_S + 10,
                                    dump_interval_s=DUMP_EVERY_S, dump_burst=16) if stacks else None
         self.sampler = Sampler(pids, interval_s=interval_s, stacks=self.stacks,

@@ -316,8 +316,7 @@ class Tuner:
         where = event.get("where") or []
         message = event.get("message", "failed")
         if "shared memory" in message or "No space left on device" in message:
-            # torch names the segment it could not create; the size of /dev/shm is the news
-            message = f"/dev/shm is full: {re.sub(r' for file <[^>]*>', '', message)}"
+            message = f"/dev/shm is full: {_without_segment(message)}"
         text = message[:200] + (f" (at {where[-1]})" if where else "")
         if event.get("stage") in ("import", "factory") and not self._any_measured():
             raise FactoryError(f"{self.spec.factory}: {text}")
@@ -424,7 +423,12 @@ class _StderrWatch:
         found = SHM_FULL.search(text)
         if found is None:
             return None
-        return re.sub(r" for file <[^>]*>", "", found.group(0).decode(errors="replace"))[:200]
+        return _without_segment(found.group(0).decode(errors="replace"))[:200]
+
+
+def _without_segment(message: str) -> str:
+    """torch names the /dev/shm segment it could not create: the size of /dev/shm is the news."""
+    return re.sub(r" for file <[^>]*>", "", message)
 
 
 def _end(proc: subprocess.Popen, graceful: bool) -> None:
