@@ -79,3 +79,24 @@ def test_describe_exit():
     assert describe_exit(9) == "killed by SIGKILL"
     assert describe_exit(1 << 8) == "exit status 1"
     assert describe_exit(None) == ""
+
+
+def test_a_sampled_process_is_the_same_frozen_sample_as_one_built_by_its_constructor():
+    import dataclasses
+    import os
+
+    from loadertop.model import ProcessSample
+    from loadertop.probes import procfs
+    from loadertop.probes.procs import ProcessSampler
+
+    sampler = ProcessSampler()
+    st = procfs.read_stat(os.getpid())
+    sampler.sample(st, 1.0)
+    got = sampler.sample(procfs.read_stat(os.getpid()), 2.0, worker_id=3)
+    names = {f.name for f in dataclasses.fields(ProcessSample)}
+    assert set(vars(got)) == names  # every field, nothing else
+    assert got == ProcessSample(**{n: getattr(got, n) for n in names}) and hash(got) is not None
+    assert got.worker_id == 3 and got.cpu_percent is not None and got.doing is None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        got.pid = 1
+    assert dataclasses.replace(got, doing="x").doing == "x"

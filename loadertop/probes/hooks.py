@@ -3,7 +3,6 @@ without ptrace. Keeps recent readings per loader to give the wait over a rolling
 
 from __future__ import annotations
 
-import glob
 import os
 from collections import deque
 
@@ -11,16 +10,28 @@ from ..hook import read_hook
 from ..model import DataWait, LoaderConfig
 from . import procfs
 
+# Listing /dev/shm is not for every tick: with torch's file_system sharing strategy it holds
+# a file per shared tensor (thousands), and killed jobs leave their semaphores there.
+HOOK_RESCAN_S = 5.0
+
+
+def _listed(folder: str, prefix: str) -> list[str]:
+    try:
+        with os.scandir(folder) as entries:
+            return [e.path for e in entries if e.name.startswith(prefix) and e.name.endswith(".hook")]
+    except OSError:
+        return []
+
 
 def hook_files(pid: int) -> list[str]:
     """The trainer's hook files: through its own root (a container's /dev/shm), or our
     /dev/shm when it is the same mount (another user's root is closed to us)."""
-    pattern = f"loadertop-{pid}-*.hook"
-    files = glob.glob(os.path.join(f"{procfs.PROC}/{pid}/root/dev/shm", pattern))
+    prefix = f"loadertop-{pid}-"
+    files = _listed(f"{procfs.PROC}/{pid}/root/dev/shm", prefix)
     if files:
         return files
     if procfs.same_mount_as_ours(pid, "/dev/shm"):
-        return glob.glob(os.path.join("/dev/shm", pattern))
+        return _listed("/dev/shm", prefix)
     return []
 
 
@@ -29,11 +40,17 @@ class HookReader:
         self.rolling_s = rolling_s
         self._readings: dict[tuple[int, float], dict[str, deque]] = {}
         self.configs: dict[tuple[int, float], dict[str, dict]] = {}
+        self._files: dict[tuple[int, float], tuple[float, list[str]]] = {}  # listed at, files
 
     def data_wait(self, pid: int, started_at: float, now: float) -> DataWait | None:
         key = (pid, started_at)
-        hooks = [h for h in (read_hook(f) for f in hook_files(pid)) if h and h["pid"] == pid
-                 and h["started"] >= started_at - 1]
+        listed = self._files.get(key)
+        if listed is None or not now - HOOK_RESCAN_S < listed[0] <= now:
+            listed = self._files[key] = (now, hook_files(pid))
+        read = [read_hook(f) for f in listed[1]]
+        if None in read:
+            del self._files[key]  # a loader's file went away: list the folder again next tick
+        hooks = [h for h in read if h and h["pid"] == pid and h["started"] >= started_at - 1]
         if not hooks:
             self._readings.pop(key, None)
             return None
@@ -66,6 +83,6 @@ class HookReader:
                                   worker_pids) for c in configs.values())
 
     def forget(self, live: set) -> None:
-        for table in (self._readings, self.configs):
+        for table in (self._readings, self.configs, self._files):
             for key in [k for k in table if k not in live]:
                 del table[key]
