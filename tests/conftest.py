@@ -1,3 +1,7 @@
+import os
+import re
+import time
+
 import pytest
 from jobs import Job
 
@@ -15,3 +19,31 @@ def job(tmp_path):
     yield start
     for j in started:
         j.kill()
+
+
+LEFTOVERS = ("sem.mp-", "torch_", "loadertop-")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def dev_shm_left_as_found():
+    """SIGKILLed jobs leave their multiprocessing semaphores (and maybe tensors) in /dev/shm:
+    at the end, remove what this session created that no live process still maps."""
+    started = time.time()
+    yield
+    mapped = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                mapped.update(re.findall(r"/dev/shm/(\S+)", f.read()))
+        except OSError:
+            continue
+    try:
+        entries = list(os.scandir("/dev/shm"))
+    except OSError:
+        return
+    for e in entries:
+        try:
+            if e.name.startswith(LEFTOVERS) and e.name not in mapped and e.stat().st_mtime >= started:
+                os.unlink(e.path)
+        except OSError:
+            continue
