@@ -467,6 +467,8 @@ class Sampler:
     def close(self) -> None:
         self.exits.close()
         self.gpu.close()
+        self.discovery.close()
+        self.processes.close()
         if self.stacks is not None:
             self.stacks.close()
 

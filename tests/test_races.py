@@ -31,10 +31,11 @@ def churning_job(tmp_path_factory):
 FAULTS = ("vanish", "truncate", "garbage", "denied", "reused")
 # The real readers, taken once: monkeypatch is shared by hypothesis' examples of one test.
 REAL_READ_BYTES, REAL_READ_STAT = procfs._read_bytes, procfs.read_stat
+REAL_FILES_READ = procfs.ProcFiles.read  # stat and status kept open between ticks
 
 
 class FaultyProc:
-    """Wraps procfs's two readers with a random fault schedule, and records which
+    """Wraps procfs's readers (plain, kept open, stat) with a random fault schedule, and records which
     (pid, start ticks) had a good stat read: the only processes that may be shown alive."""
 
     def __init__(self, seed: int, rate: float, kinds: frozenset[str]) -> None:
@@ -46,7 +47,12 @@ class FaultyProc:
         self.real_read_stat = REAL_READ_STAT
 
     def read_bytes(self, path: str):
-        data = self.real_read_bytes(path)
+        return self.spoil(path, self.real_read_bytes(path))
+
+    def read_open(self, files: procfs.ProcFiles, path: str):
+        return self.spoil(path, REAL_FILES_READ(files, path))
+
+    def spoil(self, path: str, data: bytes | None):
         if not self.kinds or self.rng.random() >= self.rate:
             return data
         kind = self.rng.choice(self.kinds)
@@ -60,8 +66,8 @@ class FaultyProc:
             raise PermissionError(13, "Permission denied", path)
         return data
 
-    def read_stat(self, pid: int, tid: int | None = None):
-        stat = self.real_read_stat(pid, tid)
+    def read_stat(self, pid: int, tid: int | None = None, files: procfs.ProcFiles | None = None):
+        stat = self.real_read_stat(pid, tid, files)
         if stat is not None and "reused" in self.kinds and self.rng.random() < self.rate / 4:
             stat = stat._replace(start_ticks=stat.start_ticks + 1 + self.rng.randrange(1000))
         if stat is not None and tid is None:
@@ -84,6 +90,7 @@ def test_random_proc_faults_under_real_churn(churning_job, seed, rate, kinds):
         with pytest.MonkeyPatch.context() as patch:  # undone after each example
             patch.setattr(procfs, "_read_bytes", faults.read_bytes)
             patch.setattr(procfs, "read_stat", faults.read_stat)
+            patch.setattr(procfs.ProcFiles, "read", lambda files, path: faults.read_open(files, path))
             for _ in range(8):
                 faults.good.clear()
                 snap = sampler.tick()

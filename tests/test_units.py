@@ -14,7 +14,9 @@ def test_parse_stat_with_hostile_comm():
     assert st.pid == 42 and st.comm == "evil) (name "
     assert st.state == "S" and st.ppid == 1 and st.cpu_ticks == 12
     assert st.num_threads == 3 and st.start_ticks == 12345
-    assert st.rss_bytes == 50 * procfs.PAGE_SIZE and st.exit_code == 9
+    assert st.rss_bytes == 50 * procfs.PAGE_SIZE and st.exit_code is None  # only a zombie's counts
+    zombie = procfs.parse_stat(("42 (evil) (name ) Z " + " ".join(fields[1:])).encode())
+    assert zombie.state == "Z" and zombie.exit_code == 9 and zombie.rss_bytes == st.rss_bytes
 
 
 def test_read_stat_of_self_matches_os():
@@ -23,6 +25,45 @@ def test_read_stat_of_self_matches_os():
     st = procfs.read_stat(os.getpid())
     assert st.pid == os.getpid() and st.ppid == os.getppid() and st.state == "R"
     assert procfs.read_stat(999_999_999) is None
+
+
+def test_files_kept_open_read_fresh_figures_and_close_with_their_process():
+    import os
+    import subprocess
+    import time
+
+    busy = subprocess.Popen(["python3", "-c", "while True: pass"])
+    files = procfs.ProcFiles()
+    try:
+        first = procfs.read_stat(busy.pid, files=files)
+        assert files.open_count() == 1
+        deadline = time.monotonic() + 20
+        while (later := procfs.read_stat(busy.pid, files=files)).cpu_ticks == first.cpu_ticks:
+            assert time.monotonic() < deadline, "the kept-open stat never showed new CPU time"
+            time.sleep(0.05)
+        assert later.start_ticks == first.start_ticks and files.open_count() == 1
+        assert procfs.read_ctx_switches(busy.pid, files) is not None and files.open_count() == 2
+        files.sweep()  # both read since the last sweep: kept
+        assert files.open_count() == 2
+        busy.kill()
+        busy.wait()
+        # Reaped: the open file answers ESRCH, is closed, and the pid reads as gone.
+        assert procfs.read_stat(busy.pid, files=files) is None
+        assert procfs.read_ctx_switches(busy.pid, files) is None
+        files.sweep()
+        files.sweep()  # not read since: closed
+        assert files.open_count() == 0
+        # Over the limit, files are read the plain way and nothing more is kept open.
+        small = procfs.ProcFiles(limit=1)
+        assert procfs.read_stat(os.getpid(), files=small).pid == os.getpid()
+        assert procfs.read_stat(os.getppid(), files=small).pid == os.getppid()
+        assert small.open_count() == 1
+        small.close()
+        assert small.open_count() == 0
+    finally:
+        busy.kill()
+        busy.wait()
+        files.close()
 
 
 SECRETS = [

@@ -122,20 +122,21 @@ class HostProbe:
         self._hostname = socket.gethostname()
         self._cpu_count = os.cpu_count() or 1
         self._usable = usable_cpus(0)
-        self._prev_cpu = procfs.read_cpu_times()
-        self._load = procfs.read_loadavg() or (0.0, 0.0, 0.0)
+        self.files = procfs.ProcFiles()  # the same three files every tick: kept open
+        self._prev_cpu = procfs.read_cpu_times(self.files)
+        self._load = procfs.read_loadavg(self.files) or (0.0, 0.0, 0.0)
         self._scan: tuple[int, int] | None = None
         self._scanned_at = float("-inf")
 
     def sample(self) -> HostSnapshot:
-        mem = procfs.read_meminfo()
-        times = procfs.read_cpu_times()
+        mem = procfs.read_meminfo(self.files)
+        times = procfs.read_cpu_times(self.files)
         cpu = None
         if times is not None and self._prev_cpu is not None and times[1] > self._prev_cpu[1]:
             cpu = 100.0 * (times[0] - self._prev_cpu[0]) / (times[1] - self._prev_cpu[1])
         if times is not None:  # a failed read keeps the last good one to compare with
             self._prev_cpu = times
-        self._load = procfs.read_loadavg() or self._load
+        self._load = procfs.read_loadavg(self.files) or self._load
         now = time.monotonic()
         if now - self._scanned_at >= self.SCAN_INTERVAL_S:
             try:

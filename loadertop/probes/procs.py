@@ -63,6 +63,7 @@ class Discovery:
     def __init__(self) -> None:
         self._cmdlines: dict[Key, list[str] | None] = {}
         self._threads: dict[Key, _Threads] = {}
+        self.files = procfs.ProcFiles()  # every process's stat, open between ticks
 
     def cmdline(self, st: procfs.Stat) -> list[str] | None:
         key = key_of(st)
@@ -77,6 +78,10 @@ class Discovery:
         for table in (self._cmdlines, self._threads):
             for key in [k for k in table if k not in live]:
                 del table[key]
+        self.files.sweep()
+
+    def close(self) -> None:
+        self.files.close()
 
     def is_helper(self, st: procfs.Stat) -> bool:
         args = " ".join(self.cmdline(st) or ())
@@ -96,7 +101,7 @@ class Discovery:
         self, root_pid: int, root_start: int, known_trainers: Iterable[int] = (), now: float | None = None
     ) -> Tree:
         now = time.monotonic() if now is None else now
-        root = procfs.read_stat(root_pid)
+        root = procfs.read_stat(root_pid, files=self.files)
         if root is None or root.start_ticks != root_start:
             return Tree(root=None)
         tree = Tree(root=root, others=[root.pid])
@@ -116,7 +121,7 @@ class Discovery:
             )
             worker_kids = []
             for pid in kids:
-                st = procfs.read_stat(pid)
+                st = procfs.read_stat(pid, files=self.files)
                 if st is None:
                     continue
                 tree.stats[pid] = st
@@ -142,7 +147,7 @@ class Discovery:
             if threads is None or threads.pin_tids is None or threads.workers_seen != n_workers:
                 threads = self._scan_threads(st, now, parents, with_names=True)
                 threads.workers_seen = n_workers
-            pins = [procfs.read_stat(pid, tid) for tid in threads.pin_tids or ()]
+            pins = [procfs.read_stat(pid, tid, self.files) for tid in threads.pin_tids or ()]
             tree.pin_threads[pid] = [t for t in pins if t is not None and t.comm == PIN_THREAD_COMM]
         return tree
 
@@ -231,13 +236,14 @@ class ProcessSampler:
         # queue feeder and resource sharer get busy handing batches over, but share the GIL
         # and are no thread pool, so they are not counted as busy threads.
         self.python_helpers: dict[int, frozenset[int]] = {}
+        self.files = procfs.ProcFiles()  # every process's status, open between ticks
 
     def sample(self, st: procfs.Stat, now: float, worker_id: int | None = None) -> ProcessSample:
         key = key_of(st)
         ctx = None
         if st.state != "Z":
             try:
-                ctx = procfs.read_ctx_switches(st.pid)
+                ctx = procfs.read_ctx_switches(st.pid, self.files)
             except PermissionError:
                 ctx = None
         cpu = vol_rate = invol_rate = None
@@ -371,6 +377,10 @@ class ProcessSampler:
         self.denied_memory &= {k[0] for k in live}
         pids = {k[0] for k in live}
         self.python_helpers = {pid: tids for pid, tids in self.python_helpers.items() if pid in pids}
+        self.files.sweep()
+
+    def close(self) -> None:
+        self.files.close()
 
 
 class ExitWatch:
