@@ -138,8 +138,8 @@ def main(argv=None) -> int:
     p.add_argument("--val-workers", type=int, default=0, help="a validation loader each epoch")
     p.add_argument("--late-start", type=float, default=0.0, help="seconds before the loader")
     p.add_argument("--duration", type=float, default=60.0, help="stop after this many seconds")
-    p.add_argument("--truth", help="write measured data wait to this JSON file")
-    p.add_argument("--ready", help="touch this file when the first batch arrives")
+    p.add_argument("--truth", help="write measured data wait to this JSON file (FILE.RANK under torchrun)")
+    p.add_argument("--ready", help="touch this file when the first batch arrives (FILE.RANK under torchrun)")
     p.add_argument("--dist", action="store_true", help="join a gloo process group (torchrun)")
     p.add_argument("--device", default="cpu", help="cpu, or cuda for a GPU training step")
     p.add_argument("--watch", action="store_true", help="publish exact data wait with loadertop.watch")
@@ -153,8 +153,11 @@ def main(argv=None) -> int:
         import torch.distributed as dist
 
         dist.init_process_group("gloo")
+        # Each rank its own files: two ranks renaming one file over each other would crash one.
         if args.ready:
             args.ready = f"{args.ready}.{os.environ['RANK']}"
+        if args.truth:
+            args.truth = f"{args.truth}.{os.environ['RANK']}"
     if args.late_start:
         time.sleep(args.late_start)
     train, val = build(args)

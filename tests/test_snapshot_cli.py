@@ -112,14 +112,24 @@ def test_job_that_exits_mid_snapshot_is_reported_as_exited(job):
     assert all(w["status"] == "exited" for w in trainer["workers"])
 
 
+def two_ranks(launcher: int, workers: int) -> dict[int, set[int]]:
+    """The two ranks under a torchrun launcher and their workers, straight from /proc, polled
+    until both are there with all their workers."""
+    def read():
+        ranks = {p: worker_pids(p) for p in descendants(launcher) if comm(p) != "pt_data_worker"}
+        ranks = {p: w for p, w in ranks.items() if w}
+        return ranks if len(ranks) == 2 and all(len(w) == workers for w in ranks.values()) else None
+
+    return wait_for(read, 30, what="two ranks with their workers")
+
+
 def test_torchrun_ranks_are_two_trainers(job):
     torchrun = shutil.which("torchrun") or str(Path(PYTHON).parent / "torchrun")
     j = job("--workers", "2", "--dist", "--persistent", "--duration", "600",
             cmd=[torchrun, "--standalone", "--nproc_per_node=2"], env={"OMP_NUM_THREADS": "1"})
     j.wait_ready(suffix=".0", timeout=90)
     j.wait_ready(suffix=".1", timeout=90)
-    ranks = [p for p in descendants(j.pid) if comm(p) != "pt_data_worker" and worker_pids(p)]
-    truth = {p: worker_pids(p) for p in ranks}
+    truth = two_ranks(j.pid, workers=2)
     report = snapshot(j.pid)
     trainers = sorted(report["trainers"], key=lambda t: t["rank"])
     assert [t["rank"] for t in trainers] == [0, 1]
@@ -137,8 +147,7 @@ def test_rank_pid_given_directly(job):
             cmd=[torchrun, "--standalone", "--nproc_per_node=2"])
     j.wait_ready(suffix=".0", timeout=90)
     j.wait_ready(suffix=".1", timeout=90)
-    ranks = [p for p in descendants(j.pid) if worker_pids(p)]
-    assert len(ranks) == 2
+    ranks = sorted(two_ranks(j.pid, workers=1))
     trainer = only_trainer(snapshot(ranks[1]))
     assert trainer["pid"] == ranks[1]
     assert trainer["rank"] in (0, 1)
