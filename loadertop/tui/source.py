@@ -26,14 +26,18 @@ class LiveSource:
         from ..sampler import Sampler
 
         # What the live view costs is mostly py-spy and smaps (docs/BENCHMARKS.md §3). py-spy
-        # pays per sample (each reads every thread's stack) and per dump (~0.1 s of CPU): one
+        # pays per sample (each reads every thread's stack) and per dump (~0.08 s of CPU): one
         # window per WINDOW_EVERY_S (data wait over the last two) and one worker dump per
-        # DUMP_EVERY_S once the workers found on attach have had theirs. smaps costs ~6 ms a
-        # worker here: 2.5 ms of it a second refreshes each of 8 workers' USS/PSS about once a minute.
+        # DUMP_EVERY_S once the workers found on attach (or a new loader's) have had theirs from
+        # the saved-up burst. The rules read the dumps too (a worker waiting for indices): a
+        # dump every 60 s saved ~0.1 % of a core, within noise, for twice as stale a view.
+        # smaps costs ~7 ms for a 230 MiB torch worker on our VM (the 2.4 ms/GiB seen on other
+        # hosts would be ~0.6 ms): 2 ms of it a second refreshes each of 8 such workers'
+        # USS/PSS about every 40 s here.
         self.stacks = StackSampler(window_s=WINDOW_S, gap_s=WINDOW_EVERY_S - WINDOW_S, rolling_s=WINDOW_EVERY_S + 10,
                                    dump_interval_s=DUMP_EVERY_S, dump_burst=16) if stacks else None
         self.sampler = Sampler(pids, interval_s=interval_s, stacks=self.stacks,
-                               processes=ProcessSampler(slow_budget_s=0.0025))
+                               processes=ProcessSampler(slow_budget_s=0.002))
         self.diagnoser = Diagnoser()
 
     @property

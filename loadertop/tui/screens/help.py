@@ -36,7 +36,8 @@ class HelpScreen(ModalScreen):
         lines += [f"  [b]{f.header:<9}[/b] {f.help}" for f in TRAINER_FIELDS]
         lines += ["", f"Data wait is sampled by py-spy from outside: a {WINDOW_S} s window every {WINDOW_EVERY_S:g} s,",
                   "the figure covering the last two (`loadertop.watch(loader)` in the script makes it exact).",
-                  f"What each worker is DOING comes from a py-spy dump of one worker every {DUMP_EVERY_S:g} s.",
+                  "What each worker is DOING comes from py-spy dumps: new workers within seconds, then one",
+                  f"worker every {DUMP_EVERY_S:g} s, in turn.",
                   "", "Findings say what to change; `n/a` values come with a notice saying why.",
                   "Full reference: docs/RULES.md.  Press escape to close."]
         with VerticalScroll(id="help-body"):
