@@ -1,6 +1,9 @@
 """The TUI's own CPU in a real terminal (tmux) attached to an 8-worker job, and the time to
 first data. CPU is read from /proc for loadertop and, separately, its py-spy children
-(their rusage shows in loadertop's cutime/cstime once reaped).
+(their rusage shows in loadertop's cutime/cstime once reaped). loadertop's own CPU is also
+split by thread (/proc/<pid>/task/<tid>/stat, named from a py-spy dump of the monitor):
+the UI (Textual's event loop and redraw), the sampler (ticks, smaps, rules), Textual's
+input thread, the stack and exit watchers.
 
 Run: python bench/tui_overhead.py [--seconds 60] [--warmup 3] [--workers 8]
 (--warmup 40: steady state, past the first dump of each worker found on attach)
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,6 +30,31 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TCK, (int(fields[13]) + int(fields[14])) / TCK
+
+
+# Python thread names (py-spy's) -> what they do in loadertop.
+THREAD_ROLES = {"MainThread": "UI", "loadertop-stacks": "stacks", "loadertop-exits": "exits",
+                "textual-input": "input", "textual-output": "output"}
+
+
+def thread_ticks(pid: int) -> dict[int, int]:
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(tid)] = int(fields[11]) + int(fields[12])
+    return out
+
+
+def thread_roles(pid: int) -> dict[int, str]:
+    """tid -> role; Textual's thread worker (named asyncio_N by its executor) is the sampler."""
+    dump = subprocess.run(["py-spy", "dump", "--nonblocking", "--pid", str(pid)], capture_output=True,
+                          text=True).stdout
+    names = {int(t): n for t, n in re.findall(r'Thread (\d+) \(\w+\): "([^"]+)"', dump)}
+    return {t: THREAD_ROLES.get(n, "sampler" if n.startswith("asyncio_") else "other") for t, n in names.items()}
 
 
 def workers_of(pid: int) -> list[int]:
@@ -53,8 +82,9 @@ def main() -> None:
         workers = workers_of(job.pid)
         flags = " --no-stacks" if args.no_stacks else ""
         started = time.monotonic()
+        # exec: the pane's process is loadertop itself (its children are py-spy runs).
         subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "120", "-y", "36",
-                        f"cd {REPO} && {sys.executable} -m loadertop {job.pid}{flags}"], check=True)
+                        f"cd {REPO} && exec {sys.executable} -m loadertop {job.pid}{flags}"], check=True)
         first = None
         while time.monotonic() - started < 30:
             screen = subprocess.run(["tmux", "capture-pane", "-p", "-t", name], capture_output=True,
@@ -63,19 +93,27 @@ def main() -> None:
                 first = time.monotonic() - started
                 break
             time.sleep(0.02)
-        pane = int(subprocess.run(["tmux", "list-panes", "-t", name, "-F", "#{pane_pid}"], capture_output=True,
-                                  text=True).stdout.split()[0])
+        monitor = int(subprocess.run(["tmux", "list-panes", "-t", name, "-F", "#{pane_pid}"],
+                                     capture_output=True, text=True).stdout.split()[0])
+        with open(f"/proc/{monitor}/cmdline", "rb") as f:
+            assert b"loadertop" in f.read(), "the pane's process is not loadertop"
         time.sleep(args.warmup)  # past start-up (imports, first py-spy window)
-        with open(f"/proc/{pane}/task/{pane}/children") as f:
-            kids = [int(k) for k in f.read().split()]
-        monitor = kids[0] if kids else pane
+        roles = thread_roles(monitor)
         own0, kids0 = cpu_seconds(monitor)
+        threads0 = thread_ticks(monitor)
         t0 = time.monotonic()
         time.sleep(args.seconds)
         own1, kids1 = cpu_seconds(monitor)
+        threads1 = thread_ticks(monitor)
         wall = time.monotonic() - t0
+        by_role: dict[str, float] = {}
+        for tid, ticks in threads1.items():
+            role = roles.get(tid, "other")
+            by_role[role] = by_role.get(role, 0.0) + (ticks - threads0.get(tid, 0)) / TCK
+        split = ", ".join(f"{role} {100 * by_role.get(role, 0.0) / wall:.2f}%"
+                          for role in ("UI", "sampler", "input", "stacks", "exits", "output", "other"))
         print(f"| TUI in tmux, {args.workers} workers{' (no py-spy)' if args.no_stacks else ''} "
-              f"| {100 * (own1 - own0) / wall:.2f}% | {100 * (kids1 - kids0) / wall:.2f}% "
+              f"| {100 * (own1 - own0) / wall:.2f}% ({split}) | {100 * (kids1 - kids0) / wall:.2f}% "
               f"| {100 * (own1 - own0 + kids1 - kids0) / wall:.2f}% "
               f"| {first:.2f} s |" if first else "| first data not seen |")
     finally:
