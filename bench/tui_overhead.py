@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -51,7 +52,8 @@ def thread_ticks(pid: int) -> dict[int, int]:
 
 def thread_roles(pid: int) -> dict[int, str]:
     """tid -> role; Textual's thread worker (named asyncio_N by its executor) is the sampler."""
-    dump = subprocess.run(["py-spy", "dump", "--nonblocking", "--pid", str(pid)], capture_output=True,
+    pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    dump = subprocess.run([pyspy, "dump", "--nonblocking", "--pid", str(pid)], capture_output=True,
                           text=True).stdout
     names = {int(t): n for t, n in re.findall(r'Thread (\d+) \(\w+\): "([^"]+)"', dump)}
     return {t: THREAD_ROLES.get(n, "sampler" if n.startswith("asyncio_") else "other") for t, n in names.items()}
