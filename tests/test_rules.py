@@ -42,6 +42,30 @@ def test_input_bound_share_of_cpus_with_several_trainers():
     assert changes == {TRAINER: {"DataLoader": {"num_workers": 3}}, 5000: {"DataLoader": {"num_workers": 3}}}
 
 
+def test_input_bound_on_two_cpus_counts_what_the_main_process_really_needs():
+    # The starved demo on a 2-CPU machine: one worker at 100%, a main process that mostly waits
+    # (6% CPU at 60% wait: ~0.15 CPU once it stops waiting), ~0.9 CPU idle. A second worker
+    # doubles the loader's throughput; "the main process needs a whole CPU" would forbid it.
+    def make(main_cpu, start_up_until=0):
+        def at(t):
+            cpu = 100.0 if t < start_up_until else main_cpu  # importing torch, building the loader
+            return snapshot(t, [trainer(workers=1, worker_cpu=100.0, wait=0.6, usable=2,
+                                        main=process(TRAINER, cpu, threads=2))], host(2, cpu=57.0))
+
+        return story(30, at)
+
+    f = only(diagnose(make(6.0)), "input_bound")
+    assert f.change == {"DataLoader": {"num_workers": 2}}
+    assert "num_workers=1 -> 2" in f.suggestion
+    assert f.evidence["main_process_cpus"] == pytest.approx(0.15)
+    # Its start-up still in the 10 s window (3 of 10 ticks at 100%) does not hide the idle CPU.
+    assert only(diagnose(make(6.0, start_up_until=23)), "input_bound").change == {"DataLoader": {"num_workers": 2}}
+    # A main process that keeps a CPU busy leaves no room for a second worker: said plainly.
+    f = only(diagnose(make(60.0)), "input_bound")
+    assert f.change is None
+    assert "taken by its 1 worker and its main process (~1.0 CPUs)" in f.suggestion
+
+
 def test_input_bound_without_cpu_left_says_so():
     h = story(30, lambda t: snapshot(t, [trainer(workers=7, worker_cpu=99.0, wait=0.5)], host(cpu=99.0)))
     f = only(diagnose(h), "input_bound")

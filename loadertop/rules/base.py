@@ -3,10 +3,11 @@ returns for one snapshot. Rules are pure: Context only reads snapshots."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from statistics import fmean
+from statistics import fmean, median
 
 from ..model import WAITING_FOR_INDICES, Finding, Snapshot, TrainerSnapshot
 from . import thresholds as T
@@ -141,6 +142,25 @@ class Context:
     def cpu_share(self) -> int:
         """This trainer's fair share of usable CPUs when several trainers share them."""
         return max(1, self.usable_cpus // self.trainers_sharing)
+
+    @cached_property
+    def main_cpus(self) -> float:
+        """CPUs the trainer's main process needs once the loop stops waiting for data: what it
+        uses now over the share of time it does not wait, capped at one CPU or at what it
+        uses now where that is more (it may use CPU while it waits: unpickling, the pin-memory
+        thread); one CPU where unknown, as Lightning's `usable CPUs - 1` workers assumes."""
+        # The median: the ticks of its start-up (imports, building the loader) are no guide.
+        samples = [t.main.cpu_percent for t in self.window if t.main.cpu_percent is not None]
+        dw = self.data_wait()
+        if not samples or dw is None:
+            return 1.0
+        used = median(samples) / 100.0
+        return min(max(1.0, used), used / max(0.05, 1.0 - dw.fraction))
+
+    @cached_property
+    def worker_cpus(self) -> int:
+        """CPU-bound workers this trainer's share of CPUs can run beside its main process."""
+        return max(1, math.floor(self.cpu_share - self.main_cpus + 1 - T.WORKER_MIN_CPU))
 
     @cached_property
     def idle_cpus(self) -> float | None:

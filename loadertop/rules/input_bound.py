@@ -43,6 +43,7 @@ def check(ctx: Context) -> Check:
         "usable_cpus": ctx.usable_cpus,
         "trainers_sharing_cpus": ctx.trainers_sharing,
         "idle_cpus": ctx.idle_cpus,
+        "main_process_cpus": ctx.main_cpus,
     }
     gpu = ctx.gpu_utilization()
     if gpu is not None:
@@ -54,10 +55,10 @@ def check(ctx: Context) -> Check:
         title += f" while GPU utilization is {gpu:.0f}%"
     idle = ctx.idle_cpus
     if cpu is not None and cpu >= T.WORKER_CPU_BOUND:
-        # CPU-bound workers: more workers, as many as idle CPUs of this trainer's share allow.
-        limit = max(1, ctx.cpu_share - 1)  # the main process needs a CPU too
-        room = math.floor(idle) if idle is not None else 0
-        new_n = min(limit, n + room)
+        # CPU-bound workers: more workers, as many as idle CPUs and this trainer's share (beside
+        # what its main process needs) allow.
+        room = math.floor(idle + 1 - T.WORKER_MIN_CPU) if idle is not None else 0
+        new_n = min(ctx.worker_cpus, n + room)
         if new_n > n:
             after = predicted_wait(wait, n, new_n)
             return Check(level, finding(
@@ -67,9 +68,14 @@ def check(ctx: Context) -> Check:
                 f"toward ~{pct(after)}",
                 {"DataLoader": {"num_workers": new_n}},
             ), span_s=dw.window_s)
+        if room > 0:
+            full = (f"this trainer's {ctx.cpu_share} usable CPUs are taken by its {n} "
+                    f"worker{'s' if n != 1 else ''} and its main process (~{ctx.main_cpus:.1f} CPUs)")
+        else:
+            full = f"this trainer's {ctx.cpu_share} usable CPUs are busy"
         return Check(level, finding(
             "input_bound", level, ctx, title + " with no CPU left", evidence,
-            f"workers at {cpu:.0f}% CPU and this trainer's {ctx.cpu_share} usable CPUs are busy{busy}: "
+            f"workers at {cpu:.0f}% CPU and {full}{busy}: "
             "more workers will not help; make each item cheaper (preprocess offline, decode "
             "smaller or lighter images, cache decoded samples) or give the job more CPUs",
             None,
@@ -87,7 +93,7 @@ def check(ctx: Context) -> Check:
             "than cores",
             {"DataLoader": {"num_workers": new_n, "prefetch_factor": 4}},
         ), span_s=dw.window_s)
-    new_n = min(max(1, ctx.cpu_share - 1), n + 1)
+    new_n = min(ctx.worker_cpus, n + 1)
     change = {"DataLoader": {"num_workers": new_n}} if new_n > n else None
     text = (
         f"try DataLoader(num_workers={n} -> {new_n}) and watch data wait"

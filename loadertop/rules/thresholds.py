@@ -25,6 +25,10 @@ WORKER_IO_BOUND = 50.0
 LOADER_AHEAD_SHARE = 0.34
 # I/O-bound loaders may run more workers than cores; cap the suggestion at this many per CPU.
 IO_WORKERS_PER_CPU = 4
+# Another CPU-bound worker is worth suggesting where it would get at least this share of a
+# CPU (idle CPUs, and the trainer's share left beside its main process, are rounded so): half
+# a CPU more for the loader is half as many batches again.
+WORKER_MIN_CPU = 0.5
 
 # Busy threads are counted by probes/procs (BUSY_THREAD_MIN_CPU, BUSY_THREAD_OF_BUSIEST); a
 # healthy worker has one busy thread (its main thread) beside ~2 idle queue feeder threads.
