@@ -141,3 +141,33 @@ def test_a_sampled_process_is_the_same_frozen_sample_as_one_built_by_its_constru
     with pytest.raises(dataclasses.FrozenInstanceError):
         got.pid = 1
     assert dataclasses.replace(got, doing="x").doing == "x"
+
+
+def test_busy_threads_come_from_a_second_reading_of_the_threads_alone():
+    import subprocess
+    import time
+
+    from loadertop.probes.procs import ProcessSampler
+
+    busy = subprocess.Popen(["python3", "-c", "while True: pass"])
+    sampler = ProcessSampler(slow_interval_s=60.0, slow_budget_s=1.0)
+    try:
+        st = procfs.read_stat(busy.pid)
+        first = time.time()
+        sampler.begin_tick()
+        sampler.refresh_slow([st], first)
+        sample = sampler.sample(st, first)
+        assert sample.memory_sampled_at == first and sample.uss_bytes is not None
+        assert sample.busy_threads is None  # one reading of the threads tells no rate
+        deadline = time.monotonic() + 20
+        while (sample := sampler.sample(st, time.time())).busy_threads is None:
+            assert time.monotonic() < deadline, "busy threads never came"
+            time.sleep(0.1)
+            sampler.begin_tick()
+            sampler.refresh_slow([st], time.time())
+        assert sample.busy_threads == 1  # its one spinning thread
+        # That reading was the threads alone: smaps waits for its own interval.
+        assert sample.memory_sampled_at == first
+    finally:
+        busy.kill()
+        busy.wait()

@@ -191,7 +191,8 @@ class _Slow:
     """The slow-cadence readings of one process."""
 
     memory: procfs.Memory | None = None
-    sampled_at: float | None = None
+    sampled_at: float | None = None  # when smaps (USS/PSS) and maps were read
+    threads_at: float | None = None  # when the threads were read (None: never readable)
     thread_ticks: dict[int, int] = field(default_factory=dict)
     thread_wait_ns: dict[int, int] = field(default_factory=dict)
     busy_threads: int | None = None
@@ -277,7 +278,8 @@ class ProcessSampler:
         })
 
     def refresh_slow(self, stats: list[procfs.Stat], now: float, complete: bool = False) -> None:
-        """Refresh the stalest processes' smaps, maps and threads within the time budget.
+        """Refresh the stalest processes' smaps, maps and threads within the time budget
+        (and, a second after a process's first reading, its threads alone, for busy threads).
 
         The budget is a credit: each tick adds slow_budget_s and each read spends what it
         cost, so one large process that alone takes longer than the budget is still read,
@@ -289,31 +291,37 @@ class ProcessSampler:
             for st in stats:
                 if st.state != "Z" and key_of(st) not in self._slow:
                     self._refresh_one(st, now)
-        due = []
+        due = []  # (last read, stat, threads only)
         boost = False
         for st in stats:
             if st.state == "Z":
                 continue
             slow = self._slow.get(key_of(st))
             if slow is None:  # never read: first in line
-                due.append((float("-inf"), st))
+                due.append((float("-inf"), st, False))
                 # One that has lived a while (just attached, a new loader; not a worker churned
                 # every epoch) earns a larger credit until each has USS/PSS once, so a view of
                 # 100+ workers fills in minutes, not many more.
                 boost = boost or now - st.started_at >= self.slow_interval_s
                 continue
-            # The second reading comes soon: busy threads need two.
-            wait = self.slow_interval_s if slow.busy_threads is not None else 1.0
-            if now - slow.sampled_at >= wait - 1e-3:
-                due.append((slow.sampled_at, st))
+            if slow.busy_threads is None and slow.threads_at is not None:
+                # Busy threads need a second reading of the threads, a second after the first:
+                # the threads alone (a fraction of a millisecond), not smaps and maps again,
+                # on the same boosted credit as the first reading.
+                if now - slow.threads_at >= 1.0 - 1e-3:
+                    due.append((float("-inf"), st, True))
+                boost = boost or now - st.started_at >= self.slow_interval_s
+                continue
+            if now - slow.sampled_at >= self.slow_interval_s - 1e-3:
+                due.append((slow.sampled_at, st, False))
         if boost:
             self._credit = min(self._credit + FIRST_READ_BOOST * self.slow_budget_s, 8 * self.slow_budget_s)
         if self._credit <= 0:
             return
         due.sort(key=lambda item: item[0])
-        for _, st in due:
+        for _, st, threads_only in due:
             started = time.perf_counter()
-            self._refresh_one(st, now)
+            self._refresh_one(st, now, threads_only)
             self._credit -= time.perf_counter() - started
             if self._credit <= 0:
                 break
@@ -321,17 +329,17 @@ class ProcessSampler:
     def begin_tick(self) -> None:
         self._credit = min(self._credit + self.slow_budget_s, 4 * self.slow_budget_s)
 
-    def _refresh_one(self, st: procfs.Stat, now: float) -> None:
+    def _refresh_one(self, st: procfs.Stat, now: float, threads_only: bool = False) -> None:
         key = key_of(st)
         slow = self._slow.setdefault(key, _Slow())
-        prev_at = slow.sampled_at
-        slow.sampled_at = now
-        try:
-            slow.memory = procfs.read_smaps_rollup(st.pid)
-            slow.torch_segments = procfs.torch_shm_segments(st.pid)
-        except PermissionError:
-            slow.denied = True
-            self.denied_memory.add(st.pid)
+        if not threads_only:
+            slow.sampled_at = now
+            try:
+                slow.memory = procfs.read_smaps_rollup(st.pid)
+                slow.torch_segments = procfs.torch_shm_segments(st.pid)
+            except PermissionError:
+                slow.denied = True
+                self.denied_memory.add(st.pid)
         threads = None
         try:
             threads = procfs.read_threads(st.pid)
@@ -339,6 +347,7 @@ class ProcessSampler:
             pass
         if threads is None:
             return
+        prev_at, slow.threads_at = slow.threads_at, now
         ticks = {t.tid: t.cpu_ticks for t in threads}
         waits = {t.tid: t.runqueue_wait_ns for t in threads if t.runqueue_wait_ns is not None}
         if prev_at is not None and now > prev_at:
