@@ -26,10 +26,15 @@ REPO = Path(__file__).resolve().parent.parent
 TCK = os.sysconf("SC_CLK_TCK")
 
 
+def stat_fields(path: str) -> list[str]:
+    """The fields of a /proc stat file after the command name (field 3 first)."""
+    with open(path) as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
 def cpu_seconds(pid: int) -> tuple[float, float]:
     """(own utime+stime, reaped children's cutime+cstime) in seconds."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
+    fields = stat_fields(f"/proc/{pid}/stat")
     return (int(fields[11]) + int(fields[12])) / TCK, (int(fields[13]) + int(fields[14])) / TCK
 
 
@@ -42,8 +47,7 @@ def thread_ticks(pid: int) -> dict[int, int]:
     out = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+            fields = stat_fields(f"/proc/{pid}/task/{tid}/stat")
         except OSError:
             continue
         out[int(tid)] = int(fields[11]) + int(fields[12])

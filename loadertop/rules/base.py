@@ -160,7 +160,7 @@ class Context:
     @cached_property
     def worker_cpus(self) -> int:
         """CPU-bound workers this trainer's share of CPUs can run beside its main process."""
-        return max(1, math.floor(self.cpu_share - self.main_cpus + 1 - T.WORKER_MIN_CPU))
+        return max(1, workers_for(self.cpu_share - self.main_cpus))
 
     @cached_property
     def idle_cpus(self) -> float | None:
@@ -214,6 +214,12 @@ def surely_above(fraction: float, samples: int, threshold: float) -> bool:
     (CONFIDENCE_Z standard errors of a binomial share): 8% of 70 samples is not evidence of 5%."""
     error = (max(fraction * (1 - fraction), 0.01 * 0.99) / max(1, samples)) ** 0.5
     return fraction - error * T.CONFIDENCE_Z >= threshold
+
+
+def workers_for(cpus: float) -> int:
+    """CPU-bound workers that `cpus` CPUs can run, counting one that would get at least
+    WORKER_MIN_CPU of a CPU."""
+    return math.floor(cpus + 1 - T.WORKER_MIN_CPU)
 
 
 def predicted_wait(wait: float, workers: int, new_workers: int) -> float:

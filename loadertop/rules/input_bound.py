@@ -17,6 +17,7 @@ from .base import (
     pct,
     predicted_wait,
     wait_above,
+    workers_for,
 )
 
 
@@ -57,7 +58,7 @@ def check(ctx: Context) -> Check:
     if cpu is not None and cpu >= T.WORKER_CPU_BOUND:
         # CPU-bound workers: more workers, as many as idle CPUs and this trainer's share (beside
         # what its main process needs) allow.
-        room = math.floor(idle + 1 - T.WORKER_MIN_CPU) if idle is not None else 0
+        room = workers_for(idle) if idle is not None else 0
         new_n = min(ctx.worker_cpus, n + room)
         if new_n > n:
             after = predicted_wait(wait, n, new_n)
