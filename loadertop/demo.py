@@ -14,6 +14,10 @@ import subprocess
 import sys
 import tempfile
 
+from .jobs import stop_job
+
+__all__ = ["SCENARIOS", "start_job", "stop_job"]
+
 SCENARIOS = {
     "starved": ("one worker for an expensive __getitem__: input-bound",
                 ["--workers", "1", "--item-ms", "25", "--batch-size", "8", "--step-ms", "10", "--persistent"]),
@@ -67,15 +71,3 @@ def start_job(scenario: str, duration_s: float = 24 * 3600) -> tuple[subprocess.
                             start_new_session=True, preexec_fn=_die_with_parent)
     log.close()
     return proc, note
-
-
-def stop_job(proc: subprocess.Popen) -> None:
-    """Kill the job's process group (trainer and workers) and reap it."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass

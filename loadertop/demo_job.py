@@ -5,6 +5,12 @@ and benchmarks run it with explicit flags.
 It measures its own ground truth (seconds blocked in next(loader), steps) and, with
 --truth FILE, rewrites that file about every half second.
 
+CPU costs are fixed amounts of work (a loop count), never a spin until a deadline: a
+deadline spin finishes on time even on half a core, which would make more workers than
+cores look faster than they are. `--item-ms` and `--step-cpu-ms` are converted to a loop
+count once, by timing the loop on a free core (or from `--work-per-ms`, so that several
+runs of a benchmark do the same work).
+
 This module imports torch; the monitor never imports it.
 """
 
@@ -20,12 +26,37 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 
-def _spin(seconds: float) -> None:
-    end = time.perf_counter() + seconds
+def work(units: int) -> int:
+    """A fixed amount of CPU work: `units` turns of a small integer loop (~25 µs each)."""
     x = 0
-    while time.perf_counter() < end:
+    for _ in range(units):
         for i in range(200):
             x ^= i * 2654435761
+    return x
+
+
+def calibrate(trials: int = 20, units: int = 40) -> float:
+    """Work units per millisecond of one free core: the fastest of several ~1 ms trials,
+    so that a busy machine at start-up does not shrink the work."""
+    best = float("inf")
+    for _ in range(trials):
+        t0 = time.perf_counter()
+        work(units)
+        best = min(best, time.perf_counter() - t0)
+    return units / (best * 1000.0)
+
+
+def units_for(ms: float, per_ms: float) -> int:
+    return max(1, round(ms * per_ms)) if ms > 0 else 0
+
+
+def library_pool_size() -> int:
+    """The thread pool a BLAS-like library starts in each worker: OMP_NUM_THREADS where
+    set (OpenBLAS and MKL honour it), else one thread per CPU it may run on."""
+    try:
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    except (KeyError, ValueError):
+        return len(os.sched_getaffinity(0))
 
 
 class Item:
@@ -38,8 +69,8 @@ class Item:
 
     def make(self, i: int):
         cfg = self.cfg
-        if cfg["item_ms"]:
-            _spin(cfg["item_ms"] / 1000.0)
+        if cfg["item_units"]:
+            work(cfg["item_units"])
         if cfg["sleep_ms"]:
             time.sleep(cfg["sleep_ms"] / 1000.0)
         if self.objects:
@@ -49,9 +80,12 @@ class Item:
             start = (i * chunk) % len(self.objects)
             for obj in self.objects[start : start + chunk]:
                 _ = obj["id"]
-        if cfg["worker_threads"] > 1:
+        if cfg["worker_threads"] != 1:
             if not self.threads_set:
-                torch.set_num_threads(cfg["worker_threads"])
+                # 0: the pool a library would start (as numpy's BLAS or OpenCV do in workers,
+                # where torch's own pool is set to one thread); N: code that asks for N.
+                threads = cfg["worker_threads"] or library_pool_size()
+                torch.set_num_threads(threads)
                 self.threads_set = True
             a = torch.randn(384, 384)
             for _ in range(cfg["matmuls"]):
@@ -74,6 +108,14 @@ class MapData(Dataset):
         return self.item.make(i)
 
 
+class ValData(MapData):
+    """The validation set: its own class, so that its loader is told apart from training's."""
+
+    def __init__(self, cfg: dict) -> None:
+        super().__init__(cfg)
+        self.length = cfg["val_items"]
+
+
 class StreamData(IterableDataset):
     def __init__(self, cfg: dict) -> None:
         self.item = Item(cfg)
@@ -91,6 +133,17 @@ def _first_tensor(batch):
     return first[0] if isinstance(first, list) else first
 
 
+class LimitThreads:
+    """worker_init_fn that caps each worker's thread pools, as threadpoolctl would."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+
+    def __call__(self, worker_id: int) -> None:
+        os.environ["OMP_NUM_THREADS"] = str(self.threads)
+        torch.set_num_threads(self.threads)
+
+
 def build(args):
     cfg = vars(args)
 
@@ -102,11 +155,13 @@ def build(args):
                 persistent_workers=args.persistent,
                 prefetch_factor=args.prefetch,
             )
+            if args.limit_worker_threads:
+                kwargs["worker_init_fn"] = LimitThreads(args.limit_worker_threads)
         return DataLoader(dataset, pin_memory=args.pin_memory, **kwargs)
 
     dataset = StreamData(cfg) if args.iterable else MapData(cfg)
     train = loader(dataset, args.workers)
-    val = loader(MapData(cfg), args.val_workers) if args.val_workers else None
+    val = loader(ValData(cfg), args.val_workers) if args.val_workers else None
     if args.watch:
         from loadertop import watch
 
@@ -125,9 +180,13 @@ def main(argv=None) -> int:
     p.add_argument("--pin-memory", action="store_true")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--epoch-items", type=int, default=10**6)
-    p.add_argument("--item-ms", type=float, default=0.0, help="CPU work per item")
+    p.add_argument("--item-ms", type=float, default=0.0, help="CPU work per item (a fixed loop count)")
     p.add_argument("--sleep-ms", type=float, default=0.0, help="I/O-like sleep per item")
-    p.add_argument("--step-ms", type=float, default=5.0, help="training step compute")
+    p.add_argument("--step-ms", type=float, default=5.0,
+                   help="the step's accelerator time: the CPU is free meanwhile (on CPU, a sleep)")
+    p.add_argument("--step-cpu-ms", type=float, default=0.0, help="CPU work of the training loop per step")
+    p.add_argument("--work-per-ms", type=float, default=None,
+                   help="work units per ms for --item-ms/--step-cpu-ms (default: timed at start)")
     p.add_argument("--tensor-kb", type=int, default=4, help="size of each sample")
     p.add_argument("--tensors-per-item", type=int, default=1, help="split each sample into this many tensors")
     p.add_argument("--objects", type=int, default=0, help="Python objects the dataset holds")
@@ -135,7 +194,12 @@ def main(argv=None) -> int:
     p.add_argument("--worker-threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--main-threads", type=int, default=1, help="torch threads of the training loop")
     p.add_argument("--matmuls", type=int, default=4)
+    p.add_argument("--limit-worker-threads", type=int, default=0,
+                   help="a worker_init_fn that caps each worker's thread pools at N")
     p.add_argument("--val-workers", type=int, default=0, help="a validation loader each epoch")
+    p.add_argument("--val-items", type=int, default=64, help="items of the validation set")
+    p.add_argument("--rank-cpus", type=int, default=0,
+                   help="pin each rank to its own N CPUs (by LOCAL_RANK), as a launcher that binds ranks")
     p.add_argument("--late-start", type=float, default=0.0, help="seconds before the loader")
     p.add_argument("--duration", type=float, default=60.0, help="stop after this many seconds")
     p.add_argument("--truth", help="write measured data wait to this JSON file (FILE.RANK under torchrun)")
@@ -144,6 +208,12 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cpu", help="cpu, or cuda for a GPU training step")
     p.add_argument("--watch", action="store_true", help="publish exact data wait with loadertop.watch")
     args = p.parse_args(argv)
+    per_ms = args.work_per_ms or (calibrate() if args.item_ms or args.step_cpu_ms else 0.0)
+    args.item_units = units_for(args.item_ms, per_ms)
+    step_units = units_for(args.step_cpu_ms, per_ms)
+    if args.rank_cpus:
+        first = int(os.environ.get("LOCAL_RANK", "0")) * args.rank_cpus
+        os.sched_setaffinity(0, set(range(first, first + args.rank_cpus)))  # workers inherit it
 
     torch.manual_seed(0)
     # One compute thread in the loop: a small model gains nothing from more, and a pool
@@ -194,7 +264,9 @@ def main(argv=None) -> int:
             waited += time.perf_counter() - t0
             if steps == 0 and args.ready:
                 open(args.ready, "w").close()
-            # The step: real forward/backward/optimizer work for about step_ms.
+            # The step: a real forward/backward/optimizer pass, the loop's own CPU work, and
+            # step_ms on the accelerator. On a GPU that is real compute; on the CPU a sleep, so
+            # that the CPUs are free for the workers meanwhile, as they are while a GPU computes.
             end = time.perf_counter() + args.step_ms / 1000.0
             while True:
                 shift = _first_tensor(batch)[:1, :1].to(device, non_blocking=True).mean()
@@ -202,10 +274,15 @@ def main(argv=None) -> int:
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
+                if device.type != "cuda":
+                    break
+                torch.cuda.synchronize()
                 if time.perf_counter() >= end:
                     break
+            if step_units:
+                work(step_units)
+            if device.type != "cuda" and args.step_ms:
+                time.sleep(max(0.0, end - time.perf_counter()))
             steps += 1
             now = time.perf_counter()
             if args.truth and now - last_write >= 0.5:

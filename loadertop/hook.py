@@ -26,6 +26,7 @@ HEADER = struct.Struct("<8sqddQQddQId")
 COUNTERS = struct.Struct("<dQQdd")  # heartbeat, wait_ns, batches, first_batch_at, last_batch_at
 COUNTERS_AT = 24  # after magic, pid, started
 BYTES_AT = 64
+CONFIG_LEN_AT = 72
 IN_NEXT_AT = 76
 CONFIG_AT = 128
 DIRECTORY = "/dev/shm"
@@ -60,13 +61,26 @@ def _config(loader) -> dict:
         "pin_memory": getattr(loader, "pin_memory", None),
         "persistent_workers": getattr(loader, "persistent_workers", None),
         "dataset_class": type(dataset).__name__ if dataset is not None else None,
+        # Without importing torch: an IterableDataset anywhere in the dataset's bases.
+        "iterable": any(c.__name__ == "IterableDataset" for c in type(dataset).__mro__) if dataset is not None
+        else None,
         "multiprocessing_context": getattr(ctx, "_name", None) or (str(ctx) if ctx is not None else None),
+        "worker_pids": [],
     }
+
+
+def _worker_pids(iterator) -> list[int]:
+    """The worker processes of a torch DataLoader iterator (none for num_workers=0)."""
+    try:
+        return [int(p.pid) for p in getattr(iterator, "_workers", ()) if p.pid]
+    except (TypeError, ValueError, AttributeError):
+        return []
 
 
 class _Publisher:
     def __init__(self, name: str, config: dict, directory: str) -> None:
         self.path = hook_path(os.getpid(), name, directory)
+        self.config = config
         self.map: mmap.mmap | None = None
         self.wait_ns = 0
         self.batches = 0
@@ -88,6 +102,21 @@ class _Publisher:
         except (OSError, ValueError) as e:
             self.map = None
             warnings.warn(f"loadertop.watch disabled: cannot write {self.path} ({e})", RuntimeWarning, stacklevel=4)
+
+    def publish_workers(self, pids: list[int]) -> None:
+        """A new iterator started its workers: say which processes they are."""
+        if self.map is None or pids == self.config.get("worker_pids"):
+            return
+        try:
+            self.config = {**self.config, "worker_pids": pids}
+            blob = json.dumps(self.config, default=str).encode()
+            if len(blob) > SIZE - CONFIG_AT:
+                return  # too many to list: the monitor falls back to the workers it finds
+            # The bytes first, then their length: a reader never sees a length past them.
+            self.map[CONFIG_AT : CONFIG_AT + len(blob)] = blob
+            struct.pack_into("<I", self.map, CONFIG_LEN_AT, len(blob))
+        except Exception:  # the hook must never break training
+            self.map = None
 
     def entering(self) -> None:
         if self.map is not None:
@@ -155,7 +184,9 @@ class WatchedLoader:
         self._pub = _Publisher(name or f"loader{next(_names)}", _config(loader), directory)
 
     def __iter__(self):
-        return _Iterator(iter(self._loader), self._pub)
+        it = iter(self._loader)
+        self._pub.publish_workers(_worker_pids(it))
+        return _Iterator(it, self._pub)
 
     def __len__(self):
         return len(self._loader)

@@ -20,6 +20,16 @@ class Notice:
 
 
 @dataclass(frozen=True)
+class HostLoader:
+    """A DataLoader owner anywhere on the machine (watched or not), from the host scan."""
+
+    pid: int
+    workers: int
+    cpu_set: tuple[int, ...]  # the CPUs it may run on
+    cpu_cores: float | None  # CPUs it and its workers used since the previous scan
+
+
+@dataclass(frozen=True)
 class HostSnapshot:
     hostname: str
     cpu_count: int
@@ -31,6 +41,7 @@ class HostSnapshot:
     # Every DataLoader worker on the machine, watched or not (a scan every few seconds).
     dataloader_workers: int | None = None
     dataloader_trainers: int | None = None
+    loaders: tuple[HostLoader, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -52,6 +63,9 @@ class ProcessSample:
     ctx_switches_involuntary_per_s: float | None
     worker_id: int | None = None
     doing: str | None = None  # what the stack sampler saw it doing, e.g. "D.__getitem__ (d.py:9)"
+    doing_at: float | None = None  # when that stack was read (epoch seconds)
+    thread_pools: tuple[str, ...] = ()  # compute pools its libraries run (OpenMP, MKL, OpenBLAS, OpenCV)
+    read_bytes_per_s: float | None = None  # everything it reads (files, sockets, pipes), slow cadence
 
 
 # What a worker's stack shows when it has finished every batch asked of it: the loader is ahead.
@@ -95,16 +109,24 @@ class DataWait:
     window_s: float
     stalled_for_s: float  # continuously inside data wait up to the end of the window
     source: str = "py-spy"
+    steps_per_s: float | None = None  # batches the loop took per second (the hook counts them)
+    iterable: bool | None = None  # the loop reads an IterableDataset
 
 
 @dataclass(frozen=True)
 class LoaderConfig:
-    """One DataLoader as its workers' `_worker_loop` arguments show it (py-spy --locals)."""
+    """One DataLoader: its workers' `_worker_loop` arguments (py-spy --locals) or what the
+    hook publishes."""
 
     dataset_class: str | None
     num_workers: int | None
     persistent_workers: bool | None
     worker_pids: tuple[int, ...]
+    prefetch_factor: int | None = None
+    batch_size: int | None = None
+    batch_bytes: int | None = None  # one batch's tensors (the hook measures the first)
+    iterable: bool | None = None
+    source: str = "py-spy"  # py-spy | hook
 
 
 @dataclass(frozen=True)
@@ -128,6 +150,11 @@ class TrainerSnapshot:
     data_wait: DataWait | None = None
     loaders: tuple[LoaderConfig, ...] = ()
     gpus: tuple[int, ...] = ()  # indexes into Snapshot.gpus
+    cpu_set: tuple[int, ...] = ()  # the CPUs it may run on (affinity)
+    cpu_quota: float | None = None  # its cgroup's CPU quota, in CPUs
+    cpus_busy: float | None = None  # how many of its CPUs were busy (anyone's work), over seconds
+    throttled_fraction: float | None = None  # share of quota periods that ran out of quota
+    memory_headroom_bytes: int | None = None  # what its memory cgroup still allows, None: no limit
 
     @property
     def env_dict(self) -> dict[str, str]:
@@ -178,6 +205,10 @@ class Finding:
     evidence: dict = field(hash=False)
     suggestion: str = ""
     change: dict | None = field(default=None, hash=False)  # {"DataLoader": {"num_workers": 4}}
+    # Which slices of the trainer's plan it proposes, and the rule's own advice: the
+    # diagnoser writes change and suggestion from the trainer's latest plan with them.
+    parts: tuple[str, ...] = field(default=(), compare=False)
+    note: str = field(default="", compare=False)
 
     @property
     def rank(self) -> int:

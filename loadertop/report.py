@@ -13,6 +13,9 @@ from collections.abc import Iterable, Sequence
 from statistics import fmean
 
 from .model import Finding, GpuSnapshot, Notice, ProcessSample, Snapshot, TrainerSnapshot
+from .rules import diagnose_with_plans
+from .rules.plan import Plan
+from .verdict import verdict
 
 SCHEMA = "loadertop.report/1"
 
@@ -64,7 +67,7 @@ def _gpu(g: GpuSnapshot, window: Sequence[GpuSnapshot]) -> dict:
     }
 
 
-def _trainer(last: TrainerSnapshot, snaps: Sequence[Snapshot]) -> dict:
+def _trainer(last: TrainerSnapshot, snaps: Sequence[Snapshot], plan: Plan | None, findings: list[Finding]) -> dict:
     seen = [
         (s, t) for s in snaps for t in s.trainers if (t.pid, t.started_at) == (last.pid, last.started_at)
     ]
@@ -134,6 +137,10 @@ def _trainer(last: TrainerSnapshot, snaps: Sequence[Snapshot]) -> dict:
         "gpus": gpus,
         "main": _process(last.main, history_of(last.main.pid)),
         "workers": [_process(w, history_of(w.pid)) for w in last.workers],
+        "cpu_set": list(last.cpu_set),
+        "cpu_quota": last.cpu_quota,
+        "verdict": verdict(last, findings)[0],
+        "plan": plan.as_dict() if plan is not None and last.status == "running" else None,
     }
 
 
@@ -157,9 +164,15 @@ def build_report(
     snapshots: Sequence[Snapshot],
     findings: Iterable[Finding] = (),
     extra_notices: Iterable[Notice] = (),
+    plans: dict[tuple[int, float], Plan] | None = None,
 ) -> dict:
+    """`plans`: each trainer's plan, keyed by (pid, started_at), as the diagnoser that made
+    the findings has them; worked out from the snapshots when not given."""
     if not snapshots:
         raise ValueError("a report needs at least one snapshot")
+    findings = list(findings)
+    if plans is None:
+        plans = diagnose_with_plans(snapshots)[1]
     first, last = snapshots[0], snapshots[-1]
     notices: dict[tuple[str, int | None], Notice] = {}
     for n in (*last.notices, *extra_notices):
@@ -181,7 +194,7 @@ def build_report(
             "load_avg": list(host.load_avg),
             "cpu_percent": _mean(s.host.cpu_percent for s in snapshots),
         },
-        "trainers": [_trainer(t, snapshots) for t in last.trainers],
+        "trainers": [_trainer(t, snapshots, plans.get((t.pid, t.started_at)), findings) for t in last.trainers],
         "findings": [finding_dict(f) for f in findings],
         "notices": [notice_dict(n) for n in notices.values()],
         "events": [

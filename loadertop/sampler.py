@@ -16,15 +16,17 @@ from typing import Protocol
 
 from .model import DataWait, Event, LoaderConfig, Notice, ProcessSample, Snapshot, TrainerSnapshot
 from .probes import procfs
+from .probes.cgroup import CpuLimit, cpu_limit, memory_headroom
 from .probes.gpu import GpuProbe
 from .probes.hooks import HookReader
-from .probes.host import HostProbe, usable_cpus
+from .probes.host import HostProbe, cpu_set, usable_cpus
 from .probes.procs import Discovery, ExitWatch, Key, ProcessSampler, Tree, key_of
 from .probes.shm import read_shm
 from .probes.stacks import WorkerInfo
 from .redact import ENV_WHITELIST, redact_cmdline
 
 USABLE_CPUS_REFRESH_S = 30.0
+MEMORY_HEADROOM_REFRESH_S = 5.0
 
 
 class StackSource(Protocol):
@@ -91,6 +93,12 @@ class _Trainer:
     env: dict[str, str] | None = None
     usable_cpus: int | None = None
     usable_at: float = float("-inf")
+    cpu_set: tuple[int, ...] = ()
+    cpu_limit: CpuLimit | None = None
+    throttling: tuple[int, int] | None = None  # (periods, throttled) at the last tick
+    throttled_fraction: float | None = None
+    memory_headroom: int | None = None
+    memory_at: float = float("-inf")
     workers: dict[Key, ProcessSample] = field(default_factory=dict)
     zombie_codes: dict[Key, int | None] = field(default_factory=dict)
     any_worker_exited: bool = False
@@ -136,6 +144,7 @@ class Sampler:
             if st is None:
                 raise ProcessLookupError(pid)
             self.jobs.append(_Job(pid=pid, start_ticks=st.start_ticks))
+        self.host.jobs = frozenset(j.pid for j in self.jobs)
 
     # --- the tick -------------------------------------------------------------------
 
@@ -310,9 +319,7 @@ class Sampler:
     def _sample_trainer(self, state, st, tree, now, board, events, live):
         pid = st.pid
         live.add(state.key)
-        if now - state.usable_at >= USABLE_CPUS_REFRESH_S:
-            state.usable_cpus = usable_cpus(pid)
-            state.usable_at = now
+        self._refresh_limits(state, now)
         main = self.processes.sample(st, now)
         # Workers: live ones in start order; zombies are dead, reported once as exited.
         worker_stats = sorted(
@@ -384,11 +391,36 @@ class Sampler:
             workers=tuple(workers.values()),
             worker_respawns=state.respawns,
             shm=shm,
+            cpu_set=state.cpu_set,
+            cpu_quota=state.cpu_limit.cpus if state.cpu_limit else None,
+            cpus_busy=self.host.per_cpu.busy_cpus(state.cpu_set),
+            throttled_fraction=state.throttled_fraction,
+            memory_headroom_bytes=state.memory_headroom,
         )
         state.last = snap
         if snap.workers:
             state.last_workers = snap.workers
         return snap
+
+    @staticmethod
+    def _refresh_limits(state: _Trainer, now: float) -> None:
+        """The trainer's CPUs and quota (rarely change), its memory headroom (every few
+        seconds), and how often its quota ran out since the last tick."""
+        pid = state.pid
+        if now - state.usable_at >= USABLE_CPUS_REFRESH_S:
+            state.usable_cpus = usable_cpus(pid)
+            state.cpu_set = cpu_set(pid) or ()
+            state.cpu_limit = cpu_limit(pid)
+            state.usable_at = now
+        if now - state.memory_at >= MEMORY_HEADROOM_REFRESH_S:
+            state.memory_headroom = memory_headroom(pid)
+            state.memory_at = now
+        counts = state.cpu_limit.throttling() if state.cpu_limit else None
+        if counts is not None and state.throttling is not None and counts[0] > state.throttling[0]:
+            state.throttled_fraction = (counts[1] - state.throttling[1]) / (counts[0] - state.throttling[0])
+        elif counts is None:
+            state.throttled_fraction = None
+        state.throttling = counts
 
     def _pin_thread(self, state: _Trainer, pin, now):
         if pin is None:
@@ -428,10 +460,10 @@ class Sampler:
             if info is None:
                 workers.append(w)
                 continue
-            workers.append(replace(w, worker_id=info.worker_id, doing=info.doing))
+            workers.append(replace(w, worker_id=info.worker_id, doing=info.doing, doing_at=info.read_at))
             self.processes.python_helpers[w.pid] = info.python_threads
             if info.num_workers is not None:
-                key = (info.dataset_class, info.num_workers, info.persistent_workers)
+                key = (info.dataset_class, info.num_workers, info.persistent_workers, info.iterable)
                 loaders.setdefault(key, []).append(w.pid)
         data_wait = self.stacks.data_wait(t.pid)
         return replace(
@@ -439,7 +471,7 @@ class Sampler:
             data_wait=data_wait,
             workers=tuple(workers),
             main=replace(t.main, doing=main_doing(data_wait)),
-            loaders=tuple(LoaderConfig(k[0], k[1], k[2], tuple(v)) for k, v in loaders.items()),
+            loaders=tuple(LoaderConfig(k[0], k[1], k[2], tuple(v), iterable=k[3]) for k, v in loaders.items()),
         )
 
     def _with_hook(self, t: TrainerSnapshot, now: float) -> TrainerSnapshot:
@@ -449,7 +481,14 @@ class Sampler:
         dw = self.hooks.data_wait(t.pid, t.started_at, now)
         if dw is None:
             return t
-        loaders = t.loaders or self.hooks.loaders(t.pid, t.started_at, tuple(w.pid for w in t.workers))
+        sampled = t.data_wait
+        if sampled is not None and sampled.fraction and sampled.main_process_fraction is not None:
+            # py-spy still says where the wait goes (receiving vs waiting for a worker): its
+            # split, scaled to the hook's exact total.
+            main = dw.fraction * sampled.main_process_fraction / sampled.fraction
+            dw = replace(dw, main_process_fraction=main, worker_wait_fraction=dw.fraction - main,
+                         breakdown=sampled.breakdown, iterable=dw.iterable or sampled.iterable)
+        loaders = self.hooks.loaders(t.pid, t.started_at, tuple(w.pid for w in t.workers)) or t.loaders
         return replace(t, data_wait=dw, loaders=loaders, main=replace(t.main, doing=main_doing(dw)))
 
     @staticmethod

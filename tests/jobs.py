@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from loadertop.jobs import stop_job
+from loadertop.probes.procfs import descendants
+
+__all__ = ["PYTHON", "REPO", "Job", "comm", "descendants", "loadertop", "state", "wait_for", "worker_pids"]
 
 PYTHON = sys.executable
 REPO = Path(__file__).resolve().parent.parent
@@ -32,25 +36,6 @@ def comm(pid: int, tid: int | None = None) -> str | None:
             return f.read().strip()
     except OSError:
         return None
-
-
-def descendants(pid: int) -> list[int]:
-    out, stack = [], [pid]
-    while stack:
-        p = stack.pop()
-        try:
-            tids = os.listdir(f"/proc/{p}/task")
-        except OSError:
-            continue
-        for t in tids:
-            try:
-                with open(f"/proc/{p}/task/{t}/children") as f:
-                    kids = [int(k) for k in f.read().split()]
-            except OSError:
-                continue
-            out.extend(kids)
-            stack.extend(kids)
-    return out
 
 
 def worker_pids(pid: int) -> set[int]:
@@ -92,20 +77,7 @@ class Job:
         self.kill()
 
     def kill(self) -> None:
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        # Processes that left the group (torchrun ranks call setsid): kill by tree too.
-        for p in descendants(self.pid):
-            try:
-                os.kill(p, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
+        stop_job(self.proc)  # its group and, for torchrun's setsid ranks, its tree
         self.log.close()
 
     def wait_ready(self, timeout: float = 60.0, suffix: str = "") -> None:

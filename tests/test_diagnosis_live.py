@@ -59,7 +59,7 @@ def test_batches_of_many_small_tensors_are_slow_to_receive_not_to_load(job):
     f = findings(report(j.pid, duration=12))
     assert set(f) == {"main_process_bound"}, f
     assert f["main_process_bound"]["evidence"]["workers_waiting_for_indices"] is True
-    assert f["main_process_bound"]["evidence"]["main_process_fraction"] >= 0.2
+    assert f["main_process_bound"]["evidence"]["main_process_fraction"] >= 0.1
 
 
 def test_workers_with_intra_op_thread_pools(job):

@@ -59,6 +59,7 @@ class HookReader:
         waited = batches = 0.0
         span = 0.0
         stalled = 0.0
+        rates = []
         for h in hooks:
             # A next() in progress counts as waiting up to now.
             ongoing = max(0.0, now - h["in_next_since"]) if h["in_next_since"] else 0.0
@@ -71,16 +72,30 @@ class HookReader:
             waited += last[1] - first[1]
             batches += last[2] - first[2]
             span = max(span, last[0] - first[0])
+            if last[0] > first[0]:
+                rates.append((last[2] - first[2]) / (last[0] - first[0]))
         if span <= 0:
             return None
         fraction = min(1.0, max(0.0, waited / span))
+        iterable = {h["config"].get("iterable") for h in hooks} - {None}
         return DataWait(fraction=fraction, worker_wait_fraction=None, main_process_fraction=None, breakdown=(),
-                        samples=int(batches), window_s=span, stalled_for_s=stalled, source="hook")
+                        samples=int(batches), window_s=span, stalled_for_s=stalled, source="hook",
+                        # The training loop's steps: its busiest loader's batches.
+                        steps_per_s=max(rates) if rates else None,
+                        iterable=True if True in iterable else (False if iterable else None))
 
     def loaders(self, pid: int, started_at: float, worker_pids: tuple[int, ...]) -> tuple[LoaderConfig, ...]:
+        """Each watched loader, with the workers it published (those seen under the trainer),
+        or every worker seen when it published none."""
         configs = self.configs.get((pid, started_at), {})
-        return tuple(LoaderConfig(c.get("dataset_class"), c.get("num_workers"), c.get("persistent_workers"),
-                                  worker_pids) for c in configs.values())
+        out = []
+        for c in configs.values():
+            published = set(c.get("worker_pids") or ())
+            mine = tuple(p for p in worker_pids if p in published) if published else worker_pids
+            out.append(LoaderConfig(c.get("dataset_class"), c.get("num_workers"), c.get("persistent_workers"), mine,
+                                    prefetch_factor=c.get("prefetch_factor"), batch_size=c.get("batch_size"),
+                                    batch_bytes=c.get("batch_bytes"), iterable=c.get("iterable"), source="hook"))
+        return tuple(out)
 
     def forget(self, live: set) -> None:
         for table in (self._readings, self.configs, self._files):

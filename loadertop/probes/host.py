@@ -1,4 +1,5 @@
-"""The host and CPU budget: CPU count, a process's usable CPUs, load, memory."""
+"""The host and CPU budget: CPU count, a process's usable CPUs, load, memory, how busy each
+CPU is, and every DataLoader on the machine (whose CPUs it runs on, how much it uses)."""
 
 from __future__ import annotations
 
@@ -6,69 +7,11 @@ import math
 import os
 import socket
 import time
+from dataclasses import dataclass
 
-from ..model import HostSnapshot
+from ..model import HostLoader, HostSnapshot
 from . import procfs
-
-CGROUP_ROOT = "/sys/fs/cgroup"
-
-
-def _read_first_line(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.readline().strip()
-    except OSError:
-        return None
-
-
-def _cgroup_paths(pid: int | str) -> tuple[str | None, str | None]:
-    """(v2 path, v1 cpu-controller path) of pid's cgroup, relative to the hierarchy."""
-    text = None
-    try:
-        with open(f"{procfs.PROC}/{pid}/cgroup") as f:
-            text = f.read()
-    except OSError:
-        return None, None
-    v2 = v1 = None
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        if parts[0] == "0" and parts[1] == "":
-            v2 = parts[2]
-        elif "cpu" in parts[1].split(","):
-            v1 = parts[2]
-    return v2, v1
-
-
-def _walk_up(root: str, rel: str):
-    rel = rel.strip("/")
-    while True:
-        yield os.path.join(root, rel) if rel else root
-        if not rel:
-            return
-        rel = os.path.dirname(rel)
-
-
-def cgroup_cpu_quota(pid: int | str) -> float | None:
-    """The tightest CPU quota (in CPUs) on pid's cgroup or its ancestors, or None."""
-    v2, v1 = _cgroup_paths(pid)
-    limits: list[float] = []
-    if v2 is not None:
-        for base in (CGROUP_ROOT, os.path.join(CGROUP_ROOT, "unified")):
-            for d in _walk_up(base, v2):
-                line = _read_first_line(os.path.join(d, "cpu.max"))
-                if line:
-                    quota, _, period = line.partition(" ")
-                    if quota != "max" and period:
-                        limits.append(int(quota) / int(period))
-    if v1 is not None:
-        for d in _walk_up(os.path.join(CGROUP_ROOT, "cpu"), v1):
-            quota = _read_first_line(os.path.join(d, "cpu.cfs_quota_us"))
-            period = _read_first_line(os.path.join(d, "cpu.cfs_period_us"))
-            if quota and period and int(quota) > 0:
-                limits.append(int(quota) / int(period))
-    return min(limits) if limits else None
+from .cgroup import cpu_limit
 
 
 def usable_cpus(pid: int | str = 0) -> int | None:
@@ -77,18 +20,34 @@ def usable_cpus(pid: int | str = 0) -> int | None:
         affinity = len(os.sched_getaffinity(int(pid)))
     except (OSError, ValueError):
         return None
-    quota = cgroup_cpu_quota(pid if pid else "self")
+    limit = cpu_limit(pid if pid else "self")
+    quota = limit.cpus if limit is not None else None
     if quota is not None:
         # A fractional quota still lets that many workers run; round down, at least one.
         return max(1, min(affinity, math.floor(quota)))
     return affinity
 
 
-def dataloader_owners() -> dict[int, int]:
-    """Trainer pid -> live DataLoader workers, for every loader on the machine (a scan by
-    worker comm, ~2 ms for 300 processes). A worker's trainer is its parent, or the fork
-    server's parent with the forkserver start method."""
-    counts: dict[int, int] = {}
+def cpu_set(pid: int | str = 0) -> tuple[int, ...] | None:
+    """The CPUs pid may run on (its affinity), sorted."""
+    try:
+        return tuple(sorted(os.sched_getaffinity(int(pid))))
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass
+class _Owner:
+    workers: int
+    ticks: int  # CPU ticks of the owner and its workers so far
+    started: int  # the owner's start ticks: with its pid, its identity
+
+
+def _owners() -> dict[int, _Owner]:
+    """Trainer pid -> its live DataLoader workers and their CPU ticks, for every loader on the
+    machine (a scan by worker comm, ~2 ms for 300 processes). A worker's trainer is its
+    parent, or the fork server's parent with the forkserver start method."""
+    owners: dict[int, _Owner] = {}
     for name in os.listdir(procfs.PROC):
         if not name.isdigit():
             continue
@@ -103,14 +62,84 @@ def dataloader_owners() -> dict[int, int]:
         if any("multiprocessing.forkserver" in a for a in args):
             parent = procfs.read_stat(owner)
             owner = parent.ppid if parent else owner
-        counts[owner] = counts.get(owner, 0) + 1
-    return counts
+        if owner not in owners:
+            main = procfs.read_stat(owner)
+            owners[owner] = _Owner(0, main.cpu_ticks if main else 0, main.start_ticks if main else 0)
+        owners[owner].workers += 1
+        owners[owner].ticks += st.cpu_ticks
+    return owners
+
+
+def dataloader_owners() -> dict[int, int]:
+    """Trainer pid -> live DataLoader workers, for every loader on the machine."""
+    return {pid: o.workers for pid, o in _owners().items()}
 
 
 def scan_dataloaders() -> tuple[int, int]:
     """(workers, trainers) of every DataLoader on the machine."""
-    owners = dataloader_owners()
-    return sum(owners.values()), len(owners)
+    owners = _owners()
+    return sum(o.workers for o in owners.values()), len(owners)
+
+
+def own_cpu_ticks(jobs: frozenset[int] = frozenset()) -> int:
+    """CPU ticks of this process and everything it started (py-spy), live or reaped, but for
+    the jobs it watches (`loadertop demo` starts its job): a sum that only grows, so its rate
+    is what watching costs the machine."""
+    total = 0
+    stack = [os.getpid()]
+    while stack:
+        pid = stack.pop()
+        times = procfs.read_cpu_ticks_with_children(pid)
+        if times is not None:
+            total += times
+        stack.extend(p for p in procfs.children(pid) if p not in jobs)
+    return total
+
+
+class _PerCpu:
+    """How busy each CPU was over the last few seconds, from /proc/stat's cpuN lines, and how
+    much of that was loadertop itself (it is not a load the job will have to share with).
+
+    Read every PERIOD_S, not every tick: a 256-CPU host has 256 lines to split, and the
+    rules average over longer windows anyway."""
+
+    PERIOD_S = 5.0
+
+    def __init__(self) -> None:
+        self._prev: dict[int, tuple[int, int]] | None = None
+        self._own: tuple[float, int] | None = None
+        self._at = float("-inf")
+        self.busy: dict[int, float] = {}  # cpu -> busy share over the last period
+        self.own_cpus: float | None = None  # CPUs loadertop and its py-spy used over it
+
+    def refresh(self, now: float, jobs: frozenset[int] = frozenset()) -> None:
+        if now - self._at < self.PERIOD_S:
+            return
+        times = procfs.read_per_cpu_times()
+        if not times:
+            return
+        own = own_cpu_ticks(jobs)
+        if self._prev is not None:
+            busy = {}
+            for cpu, (b, t) in times.items():
+                prev = self._prev.get(cpu)
+                if prev is not None and t > prev[1]:
+                    busy[cpu] = min(1.0, max(0.0, (b - prev[0]) / (t - prev[1])))
+            self.busy = busy
+        if self._own is not None and now > self._own[0]:
+            self.own_cpus = max(0.0, (own - self._own[1]) / procfs.CLK_TCK / (now - self._own[0]))
+        self._prev = times
+        self._own = (now, own)
+        self._at = now
+
+    def busy_cpus(self, cpus) -> float | None:
+        """Busy CPUs (a sum of shares) among `cpus`, not counting loadertop's own share of
+        them (spread evenly over the machine), None before two readings."""
+        if not self.busy:
+            return None
+        busy = sum(self.busy.get(c, 0.0) for c in cpus)
+        own = (self.own_cpus or 0.0) * len(cpus) / max(1, len(self.busy))
+        return max(0.0, busy - own)
 
 
 class HostProbe:
@@ -125,8 +154,11 @@ class HostProbe:
         self.files = procfs.ProcFiles()  # the same three files every tick: kept open
         self._prev_cpu = procfs.read_cpu_times(self.files)
         self._load = procfs.read_loadavg(self.files) or (0.0, 0.0, 0.0)
-        self._scan: tuple[int, int] | None = None
+        self._loaders: tuple[HostLoader, ...] | None = None
+        self._owner_ticks: dict[tuple[int, int], tuple[float, int]] = {}
         self._scanned_at = float("-inf")
+        self.per_cpu = _PerCpu()
+        self.jobs: frozenset[int] = frozenset()  # watched jobs: not our own load, even as our children
 
     def sample(self) -> HostSnapshot:
         mem = procfs.read_meminfo(self.files)
@@ -138,12 +170,14 @@ class HostProbe:
             self._prev_cpu = times
         self._load = procfs.read_loadavg(self.files) or self._load
         now = time.monotonic()
+        self.per_cpu.refresh(now, self.jobs)
         if now - self._scanned_at >= self.SCAN_INTERVAL_S:
             try:
-                self._scan = scan_dataloaders()
+                self._loaders = self._scan(now)
             except OSError:
-                self._scan = None
+                self._loaders = None
             self._scanned_at = now
+        loaders = self._loaders
         return HostSnapshot(
             hostname=self._hostname,
             cpu_count=self._cpu_count,
@@ -152,6 +186,23 @@ class HostProbe:
             mem_available_bytes=mem.get("MemAvailable"),
             load_avg=self._load,
             cpu_percent=cpu,
-            dataloader_workers=self._scan[0] if self._scan else None,
-            dataloader_trainers=self._scan[1] if self._scan else None,
+            dataloader_workers=sum(h.workers for h in loaders) if loaders is not None else None,
+            dataloader_trainers=len(loaders) if loaders is not None else None,
+            loaders=loaders or (),
         )
+
+    def _scan(self, now: float) -> tuple[HostLoader, ...]:
+        """Every DataLoader on the machine, with the CPUs it may use and uses (its CPU over
+        the time since the previous scan)."""
+        out = []
+        seen: dict[tuple[int, int], tuple[float, int]] = {}
+        for pid, owner in sorted(_owners().items()):
+            key = (pid, owner.started)
+            prev = self._owner_ticks.get(key)
+            cores = None
+            if prev is not None and now > prev[0]:
+                cores = max(0.0, (owner.ticks - prev[1]) / procfs.CLK_TCK / (now - prev[0]))
+            seen[key] = (now, owner.ticks)
+            out.append(HostLoader(pid, owner.workers, cpu_set(pid) or (), cores))
+        self._owner_ticks = seen
+        return tuple(out)

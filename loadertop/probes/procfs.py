@@ -176,6 +176,18 @@ def parse_stat(raw: bytes) -> Stat:
     )
 
 
+def read_cpu_ticks_with_children(pid: int) -> int | None:
+    """utime + stime + cutime + cstime: the process's CPU and its reaped children's."""
+    raw = _read_bytes(f"{PROC}/{pid}/stat")
+    if not raw:
+        return None
+    try:
+        f = raw[raw.rindex(b")") + 2 :].split()
+        return int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])
+    except (ValueError, IndexError):
+        return None
+
+
 def read_stat(pid: int, tid: int | None = None, files: ProcFiles | None = None) -> Stat | None:
     path = f"{PROC}/{pid}/stat" if tid is None else f"{PROC}/{pid}/task/{tid}/stat"
     raw = _read_with(files, path)
@@ -242,6 +254,17 @@ def children(pid: int, tids: list[int] | None = None) -> list[int]:
     return out
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below pid, through the children files (gone ones are skipped)."""
+    out: list[int] = []
+    stack = [pid]
+    while stack:
+        kids = children(stack.pop())
+        out.extend(kids)
+        stack.extend(kids)
+    return out
+
+
 def all_parents() -> dict[int, int]:
     """pid -> ppid for the whole table: the fallback when the children file is missing."""
     out: dict[int, int] = {}
@@ -297,9 +320,46 @@ def read_smaps_rollup(pid: int) -> Memory | None:
     return Memory(rss_bytes=fields.get("Rss", 0), pss_bytes=fields.get("Pss", 0), uss_bytes=uss)
 
 
-def torch_shm_segments(pid: int) -> dict[tuple[str, int], int] | None:
-    """(device, inode) -> mapped bytes of the /dev/shm/torch_* segments pid maps."""
-    text = _read(f"{PROC}/{pid}/maps")
+# Libraries that run compute thread pools, by a part of their file name, and the pool's name.
+POOL_LIBRARIES = (
+    ("libgomp", "OpenMP"),
+    ("libiomp", "OpenMP"),
+    ("libmkl", "MKL"),
+    ("openblas", "OpenBLAS"),
+    ("opencv", "OpenCV"),
+    ("/cv2/", "OpenCV"),
+    ("libtbb", "TBB"),
+)
+
+
+def thread_pools(maps: str) -> tuple[str, ...]:
+    """The compute pools whose libraries a process maps, from its maps text."""
+    found = []
+    for part, name in POOL_LIBRARIES:
+        if part in maps and name not in found:
+            found.append(name)
+    return tuple(found)
+
+
+def read_maps(pid: int) -> str | None:
+    return _read(f"{PROC}/{pid}/maps")
+
+
+def read_io_chars(pid: int) -> int | None:
+    """Bytes the process has read so far through any file, socket or pipe (rchar)."""
+    raw = _read_bytes(f"{PROC}/{pid}/io")
+    value = _field(b"\n" + raw, b"rchar") if raw else None
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def torch_shm_segments(pid: int, text: str | None = None) -> dict[tuple[str, int], int] | None:
+    """(device, inode) -> mapped bytes of the /dev/shm/torch_* segments pid maps (`text`:
+    its maps, when already read)."""
+    if text is None:
+        text = read_maps(pid)
     if text is None:
         return None
     out: dict[tuple[str, int], int] = {}
@@ -376,6 +436,25 @@ def read_cpu_times(files: ProcFiles | None = None) -> tuple[int, int] | None:
         return None
     total = sum(values[:8])
     return total - idle, total
+
+
+def read_per_cpu_times() -> dict[int, tuple[int, int]]:
+    """CPU number -> (busy, total) jiffies, from the cpuN lines of /proc/stat."""
+    raw = _read_bytes(f"{PROC}/stat") or b""
+    out = {}
+    for line in raw.split(b"\n")[1:]:
+        if not line.startswith(b"cpu"):
+            break  # the cpuN lines come first, together
+        parts = line.split()
+        try:
+            values = [int(v) for v in parts[1:9]]
+            cpu = int(parts[0][3:])
+        except (ValueError, IndexError):
+            continue
+        total = sum(values)
+        idle = values[3] + (values[4] if len(values) > 4 else 0)
+        out[cpu] = (total - idle, total)
+    return out
 
 
 def mountinfo_line(pid: int | str, mount_point: str) -> str | None:

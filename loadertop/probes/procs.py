@@ -198,6 +198,9 @@ class _Slow:
     busy_threads: int | None = None
     runqueue_wait: float | None = None
     torch_segments: dict[tuple[str, int], int] | None = None
+    thread_pools: tuple[str, ...] = ()
+    read_chars: int | None = None  # rchar at sampled_at
+    read_bytes_per_s: float | None = None
     denied: bool = False
 
 
@@ -275,6 +278,9 @@ class ProcessSampler:
             "ctx_switches_involuntary_per_s": invol_rate,
             "worker_id": worker_id,
             "doing": None,
+            "doing_at": None,
+            "thread_pools": slow.thread_pools if slow else (),
+            "read_bytes_per_s": slow.read_bytes_per_s if slow else None,
         })
 
     def refresh_slow(self, stats: list[procfs.Stat], now: float, complete: bool = False) -> None:
@@ -333,13 +339,19 @@ class ProcessSampler:
         key = key_of(st)
         slow = self._slow.setdefault(key, _Slow())
         if not threads_only:
+            previous = (slow.sampled_at, slow.read_chars)
             slow.sampled_at = now
             try:
                 slow.memory = procfs.read_smaps_rollup(st.pid)
-                slow.torch_segments = procfs.torch_shm_segments(st.pid)
+                maps = procfs.read_maps(st.pid)
+                slow.torch_segments = procfs.torch_shm_segments(st.pid, maps)
+                slow.thread_pools = procfs.thread_pools(maps) if maps else ()
+                slow.read_chars = procfs.read_io_chars(st.pid)
             except PermissionError:
                 slow.denied = True
                 self.denied_memory.add(st.pid)
+            if None not in (previous[0], previous[1], slow.read_chars) and now > previous[0]:
+                slow.read_bytes_per_s = max(0.0, (slow.read_chars - previous[1]) / (now - previous[0]))
         threads = None
         try:
             threads = procfs.read_threads(st.pid)

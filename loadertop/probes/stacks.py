@@ -27,6 +27,7 @@ from ..model import WAITING_FOR_INDICES, DataWait, Notice
 
 WAIT = "worker_wait"  # blocked until a worker's batch arrives
 MAIN = "main_process"  # loading work the main process does itself
+ITERABLE = "iterable"  # of MAIN, samples in an IterableDataset's fetcher (not a category of its own)
 BREAKDOWN = ("forward", "backward", "optimizer", "device_sync", "other")
 
 # Inside DataLoader.__next__, frames that are work in the main process, not waiting.
@@ -96,11 +97,13 @@ def parse_raw(text: str, main_tid: int) -> dict[str, int]:
         frames = stack[m.end() :].split(";")[1:]  # the first item is the thread's name
         category = classify_main(frames)
         counts[category] = counts.get(category, 0) + int(count)
+        if category == MAIN and "_IterableDatasetFetcher" in stack:
+            counts[ITERABLE] = counts.get(ITERABLE, 0) + int(count)
     return counts
 
 
 def data_wait_from_counts(counts: dict[str, int], window_s: float, stalled_for_s: float) -> DataWait:
-    total = sum(counts.values())
+    total = sum(v for k, v in counts.items() if k != ITERABLE)
     if not total:
         return DataWait(None, None, None, (), 0, window_s, stalled_for_s)
     wait, main = counts.get(WAIT, 0), counts.get(MAIN, 0)
@@ -112,6 +115,7 @@ def data_wait_from_counts(counts: dict[str, int], window_s: float, stalled_for_s
         samples=total,
         window_s=window_s,
         stalled_for_s=stalled_for_s,
+        iterable=True if counts.get(ITERABLE) else None,
     )
 
 
@@ -137,6 +141,8 @@ class WorkerInfo:
     doing: str | None
     # Its other Python threads (queue feeder, resource sharer): busy at times, never a pool.
     python_threads: frozenset[int] = frozenset()
+    read_at: float | None = None  # when the dump was taken (epoch seconds)
+    iterable: bool | None = None  # its loader reads an IterableDataset
 
 
 def _local(frame: dict, name: str) -> str | None:
@@ -205,7 +211,18 @@ def parse_dump(text: str, pid: int) -> WorkerInfo | None:
         python_threads=frozenset(
             t["os_thread_id"] for t in threads if t is not main and isinstance(t.get("os_thread_id"), int)
         ),
+        iterable=_fetcher_kind(frames),
     )
+
+
+def _fetcher_kind(frames: list[dict]) -> bool | None:
+    """True for an IterableDataset's fetcher in the stack, False for a map-style one."""
+    names = " ".join(f.get("name") or "" for f in frames)
+    if "_IterableDatasetFetcher" in names:
+        return True
+    if "_MapDatasetFetcher" in names:
+        return False
+    return None
 
 
 # --- py-spy, its errors and their fixes ----------------------------------------------
@@ -490,7 +507,7 @@ class StackSampler:
                 self._notices = {k: v for k, v in self._notices.items() if k[1] != pid}
                 windows = self._windows.setdefault(pid, deque(maxlen=max(2, int(600 / self.window_s))))
                 windows.append(_Window(rec.started, ended, counts))
-                total = sum(counts.values())
+                total = sum(v for k, v in counts.items() if k != ITERABLE)
                 waiting = counts.get(WAIT, 0) + counts.get(MAIN, 0)
                 if waiting >= self.stall_fraction * total:
                     # From the start of the first of consecutive stalled windows: a loop that
@@ -536,8 +553,11 @@ class StackSampler:
         info = parse_dump(out.stdout, pid) if out.returncode == 0 else None
         if info is None:
             return
+        info = replace(info, read_at=time.time())
         if known is not None and info.worker_id is None:
-            info = replace(known, doing=info.doing, python_threads=info.python_threads | known.python_threads)
+            iterable = info.iterable if info.iterable is not None else known.iterable
+            info = replace(known, doing=info.doing, python_threads=info.python_threads | known.python_threads,
+                           read_at=info.read_at, iterable=iterable)
         with self._lock:
             self._workers[pid] = info
 

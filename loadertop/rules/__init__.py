@@ -1,8 +1,10 @@
 """Diagnosis: pure rules over recent snapshots, with hysteresis so findings do not flap.
 
-Each rule module has `check(Context) -> Check` for one trainer at one snapshot. The
-Diagnoser folds checks over history (hold a condition HOLD_S to raise, CLEAR_S to clear);
-`diagnose(history)` is the same fold over a whole history, for reports.
+Each rule module has `ID` and `check(Context) -> Check` for one trainer at one snapshot.
+RULES lists them in the order findings are shown (most fundamental first). The Diagnoser
+folds checks over history (a condition held HOLD_S raises a finding; CLEAR_S without it,
+or without evidence either way, clears it) and writes every finding's change from its
+trainer's latest plan; `diagnose(history)` is the same fold over a whole history.
 """
 
 from __future__ import annotations
@@ -26,47 +28,55 @@ from . import (
     worker_threads,
 )
 from . import thresholds as T
-from .base import Check, Context
+from .base import Check, Context, with_plan
+from .plan import Plan
 
+# Most fundamental first: a hang, a death, a full /dev/shm, what takes the CPUs, then what
+# the loader itself costs.
 RULES = {
-    "loader_stalled": loader_stalled.check,
-    "worker_died": worker_died.check,
-    "input_bound": input_bound.check,
-    "main_process_bound": main_process_bound.check,
-    "shm_pressure": shm_pressure.check,
-    "worker_threads": worker_threads.check,
-    "cpu_oversubscribed": cpu_oversubscribed.check,
-    "too_many_workers": too_many_workers.check,
-    "worker_respawn": worker_respawn.check,
-    "worker_memory_growth": worker_memory_growth.check,
-    "pin_memory_off": pin_memory_off.check,
+    m.ID: m.check
+    for m in (
+        loader_stalled,
+        worker_died,
+        shm_pressure,
+        cpu_oversubscribed,
+        worker_threads,
+        too_many_workers,
+        input_bound,
+        main_process_bound,
+        worker_respawn,
+        worker_memory_growth,
+        pin_memory_off,
+    )
 }
+ORDER = {rule_id: i for i, rule_id in enumerate(RULES)}
 LOOKBACK_S = 600.0
 
 
 @dataclass
 class _State:
     active: bool = False
-    bad_since: float | None = None
-    good_since: float | None = None
+    bad_since: float | None = None  # the current run of bad checks began (None: not in one)
+    gone_since: float | None = None  # the first check since the last bad one that was not bad
     finding: Finding | None = None
 
     def update(self, t: float, check: Check, hold_s: float, clear_s: float) -> None:
-        if check.level is None:
-            return  # cannot tell: neither raises nor clears
-        if check.level > 0:
-            self.good_since = None
+        if check.level is not None and check.level > 0:
             if self.bad_since is None:
                 self.bad_since = t - check.span_s
+            self.gone_since = None
             self.finding = check.finding
             if check.immediate or t - self.bad_since >= hold_s:
                 self.active = True
-        else:
+            return
+        if check.level == 0:
+            self.bad_since = None  # the condition is gone: a new run must hold again
+        if self.gone_since is None:
+            self.gone_since = t
+        # Fine, or cannot tell: either way nothing has supported the finding since gone_since.
+        if t - self.gone_since >= clear_s:
+            self.active = False
             self.bad_since = None
-            if self.good_since is None:
-                self.good_since = t
-            if self.active and t - self.good_since >= clear_s:
-                self.active = False
 
 
 class Diagnoser:
@@ -78,6 +88,7 @@ class Diagnoser:
         self.rules = rules or RULES
         self._recent: deque[Snapshot] = deque()
         self._states: dict[tuple[str, int, float], _State] = {}
+        self.plans: dict[tuple[int, float], Plan] = {}  # each trainer's latest plan
 
     def feed(self, snap: Snapshot) -> list[Finding]:
         self._recent.append(snap)
@@ -95,12 +106,16 @@ class Diagnoser:
                     result = check(ctx)
                 except (ArithmeticError, ValueError, TypeError, KeyError):
                     result = Check(None)  # a rule must never take the monitor down
-                self._states.setdefault(key, _State()).update(
-                    snap.monotonic, result, self.hold_s, self.clear_s
-                )
+                self._states.setdefault(key, _State()).update(snap.monotonic, result, self.hold_s, self.clear_s)
+            try:
+                self.plans[(trainer.pid, trainer.started_at)] = ctx.plan
+            except (ArithmeticError, ValueError, TypeError, KeyError):
+                pass
         # Trainers that exited keep their last findings (the report shows the last data).
         for key in [k for k in self._states if k not in live and not self._known(k, snap)]:
             del self._states[key]
+        known = {(t.pid, t.started_at) for t in snap.trainers}
+        self.plans = {k: v for k, v in self.plans.items() if k in known}
         return self.findings()
 
     @staticmethod
@@ -108,13 +123,27 @@ class Diagnoser:
         return any((t.pid, t.started_at) == key[1:] for t in snap.trainers)
 
     def findings(self) -> list[Finding]:
-        out = [s.finding for s in self._states.values() if s.active and s.finding is not None]
-        return sorted(out, key=lambda f: (-f.rank, list(RULES).index(f.id), f.trainer_pid or 0))
+        out = []
+        for key, state in self._states.items():
+            if state.active and state.finding is not None:
+                plan = self.plans.get(key[1:])
+                # A finding held since an earlier tick speaks with the trainer's latest plan.
+                out.append(with_plan(state.finding, plan) if plan is not None else state.finding)
+        # The root cause first (RULES' order), then by severity.
+        return sorted(out, key=lambda f: (ORDER.get(f.id, len(ORDER)), -f.rank, f.trainer_pid or 0))
+
+    def plan(self, pid: int, started_at: float) -> Plan | None:
+        return self.plans.get((pid, started_at))
 
 
 def diagnose(history: Iterable[Snapshot], **kwargs) -> list[Finding]:
+    return diagnose_with_plans(history, **kwargs)[0]
+
+
+def diagnose_with_plans(history: Iterable[Snapshot], **kwargs) -> tuple[list[Finding], dict[tuple[int, float], Plan]]:
+    """The findings at the end of a history, and each trainer's plan then."""
     d = Diagnoser(**kwargs)
     out: list[Finding] = []
     for snap in history:
         out = d.feed(snap)
-    return out
+    return out, dict(d.plans)

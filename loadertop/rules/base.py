@@ -1,16 +1,18 @@
-"""What every rule shares: the view of one trainer over recent history, and the Check a rule
-returns for one snapshot. Rules are pure: Context only reads snapshots."""
+"""What every rule shares: the view of one trainer over recent history (with what the window
+measures and the trainer's one plan), and the Check a rule returns for one snapshot. Rules
+are pure: Context only reads snapshots."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
-from statistics import fmean, median
+from statistics import fmean
 
-from ..model import WAITING_FOR_INDICES, Finding, Snapshot, TrainerSnapshot
+from ..model import Finding, Snapshot, TrainerSnapshot
 from . import thresholds as T
+from .measure import Measured, hang_signature, measure
+from .plan import Plan, make_plan
 
 WARNING, CRITICAL = 1, 2
 SEVERITY = {0: "info", WARNING: "warning", CRITICAL: "critical"}
@@ -72,7 +74,7 @@ class Context:
         """Mean utilization of the trainer's GPUs over the window, None without a GPU."""
         if not self.trainer.gpus:
             return None
-        cutoff = self.snap.monotonic - 10.0
+        cutoff = self.snap.monotonic - self.window_s
         return _mean(
             g.utilization_percent
             for s in self.recent
@@ -82,120 +84,98 @@ class Context:
         )
 
     @cached_property
+    def window_s(self) -> float:
+        """The window rates are averaged over: the data wait's own (a py-spy window, the
+        hook's rolling one), within WINDOW_MIN_S..WINDOW_MAX_S, so that CPU figures and data
+        wait describe the same seconds and one tick cannot decide."""
+        dw = self.data_wait()
+        span = dw.window_s if dw is not None else T.WINDOW_MIN_S
+        return max(T.WINDOW_MIN_S, min(T.WINDOW_MAX_S, span))
+
+    @cached_property
     def window(self) -> list[TrainerSnapshot]:
-        """The last 10 s: rates are averaged over it so one tick cannot decide."""
-        return self.history(10.0)
+        return self.history(self.window_s)
 
     @cached_property
-    def worker_cpu(self) -> float | None:
-        """Mean CPU % of one worker over the window."""
-        return _mean(w.cpu_percent for t in self.window for w in t.workers)
+    def measured(self) -> Measured:
+        others: dict[int, list[TrainerSnapshot]] = {}
+        cutoff = self.snap.monotonic - self.window_s
+        for s in self.recent:
+            if s.monotonic < cutoff:
+                continue
+            for t in s.trainers:
+                if t.pid != self.trainer.pid and t.status == "running":
+                    others.setdefault(t.pid, []).append(t)
+        running = {t.pid for t in self.snap.trainers if t.status == "running"}
+        others = {pid: h for pid, h in others.items() if pid in running}
+        return measure(self.snap, self.trainer, self.window, others, self.gpu_utilization())
 
     @cached_property
-    def busy_cpus(self) -> float | None:
-        """CPUs the trainer (main process and workers) keeps busy, over the window."""
-        per_tick = []
-        for t in self.window:
-            values = [p.cpu_percent for p in (t.main, *t.workers)]
-            if all(v is not None for v in values):
-                per_tick.append(sum(values) / 100.0)
-        return fmean(per_tick) if per_tick else None
+    def hang(self) -> str | None:
+        """How the workers look while the loop has waited without a break (see
+        measure.hang_signature), once that lasted long enough to call it a hang."""
+        dw = self.data_wait()
+        if dw is None or dw.stalled_for_s < T.HANG_MIN_S:
+            return None
+        stall = self.timed_history(dw.stalled_for_s)
+        if not stall:
+            return None
+        signature = hang_signature(self.trainer, [t for _, t in stall], stall[0][0])
+        if signature in ("stopped", "idle") or (signature == "one frame" and dw.stalled_for_s >= T.STALL_S):
+            return signature
+        return None
 
     @cached_property
-    def loader_ahead(self) -> bool:
-        """Every worker is often seen waiting for indices (LOADER_AHEAD_SHARE of its dumps):
-        the batches asked of it are done, so the loop's data wait is receiving them, not
-        loading them. A starved worker always has prefetch_factor batches queued and never
-        waits for indices; batches come in order, so one busy straggler already makes the
-        loop wait (hence: every worker)."""
-        seen: dict[int, list[bool]] = {}
-        for t in self.window:
-            for w in t.workers:
-                if w.doing:
-                    seen.setdefault(w.pid, []).append(w.doing == WAITING_FOR_INDICES)
-        return bool(seen) and all(sum(v) >= T.LOADER_AHEAD_SHARE * len(v) for v in seen.values())
+    def plan(self) -> Plan:
+        return make_plan(self.measured, hung=self.hang is not None)
 
     @property
     def num_workers(self) -> int:
-        """The configured num_workers where py-spy read it, else the workers seen."""
-        configured = [loader.num_workers for loader in self.trainer.loaders if loader.num_workers is not None]
-        return max(configured) if configured else len(self.trainer.workers)
+        """The configured num_workers of the loader the loop waits on, else the workers seen."""
+        return self.measured.num_workers
 
     @property
     def persistent_workers(self) -> bool | None:
         values = {loader.persistent_workers for loader in self.trainer.loaders}
         return values.pop() if len(values) == 1 else None
 
-    @cached_property
-    def trainers_sharing(self) -> int:
-        """Trainers that share this machine's CPUs: the ones watched, or more if the host
-        scan saw other loaders."""
-        watched = sum(1 for t in self.snap.trainers if t.status == "running")
-        others = self.snap.host.dataloader_trainers or 0
-        return max(1, watched, others)
-
     @property
     def usable_cpus(self) -> int:
         return self.trainer.usable_cpus or self.snap.host.usable_cpus or self.snap.host.cpu_count
-
-    @cached_property
-    def cpu_share(self) -> int:
-        """This trainer's fair share of usable CPUs when several trainers share them."""
-        return max(1, self.usable_cpus // self.trainers_sharing)
-
-    @cached_property
-    def main_cpus(self) -> float:
-        """CPUs the trainer's main process needs once the loop stops waiting for data: what it
-        uses now over the share of time it does not wait, capped at one CPU or at what it
-        uses now where that is more (it may use CPU while it waits: unpickling, the pin-memory
-        thread); one CPU where unknown, as Lightning's `usable CPUs - 1` workers assumes."""
-        # The median: the ticks of its start-up (imports, building the loader) are no guide.
-        samples = [t.main.cpu_percent for t in self.window if t.main.cpu_percent is not None]
-        dw = self.data_wait()
-        if not samples or dw is None:
-            return 1.0
-        used = median(samples) / 100.0
-        return min(max(1.0, used), used / max(0.05, 1.0 - dw.fraction))
-
-    @cached_property
-    def worker_cpus(self) -> int:
-        """CPU-bound workers this trainer's share of CPUs can run beside its main process."""
-        return max(1, workers_for(self.cpu_share - self.main_cpus))
-
-    @cached_property
-    def idle_cpus(self) -> float | None:
-        """Usable CPUs the host leaves idle (host CPU % over the window)."""
-        cutoff = self.snap.monotonic - 10.0
-        host = _mean(s.host.cpu_percent for s in self.recent if s.monotonic >= cutoff)
-        if host is None:
-            return None
-        return max(0.0, self.snap.host.cpu_count * (1 - host / 100.0)) * self.usable_cpus / max(
-            1, self.snap.host.cpu_count
-        )
 
     def data_wait(self):
         dw = self.trainer.data_wait
         return dw if dw is not None and dw.fraction is not None else None
 
+    def found(self, rule_id: str, level: int, title: str, evidence: dict, note: str = "",
+              parts: tuple[str, ...] = (), change: dict | None = None, span_s: float = 0.0,
+              immediate: bool = False) -> Check:
+        """A finding of this trainer at `level`. `parts` name the slices of the plan it
+        proposes (its change and the sentence that says it come from the plan, so findings
+        never disagree); `change` is a fixed one for settings the plan does not size
+        (persistent_workers, pin_memory); `note` is the rule's own advice."""
+        f = Finding(
+            id=rule_id,
+            severity=SEVERITY[level],
+            trainer_pid=self.trainer.pid,
+            title=title,
+            evidence={k: (round(v, 4) if isinstance(v, float) else v) for k, v in evidence.items()},
+            suggestion=note,
+            change=change,
+            parts=parts,
+            note=note,
+        )
+        return Check(level, with_plan(f, self.plan) if parts else f, span_s=span_s, immediate=immediate)
 
-def finding(
-    rule_id: str,
-    level: int,
-    ctx: Context | None,
-    title: str,
-    evidence: dict,
-    suggestion: str,
-    change: dict | None = None,
-) -> Finding:
-    return Finding(
-        id=rule_id,
-        severity=SEVERITY[level],
-        trainer_pid=ctx.trainer.pid if ctx else None,
-        title=title,
-        evidence={k: (round(v, 4) if isinstance(v, float) else v) for k, v in evidence.items()},
-        suggestion=suggestion,
-        change=change,
-    )
+
+def with_plan(f: Finding, plan: Plan) -> Finding:
+    """The finding with its change and suggestion taken from `plan` (the trainer's latest)."""
+    if not f.parts:
+        return f
+    change = plan.change(*f.parts)
+    sentence = plan.sentence(f.parts)
+    suggestion = "; ".join(s for s in (sentence, f.note) if s)
+    return replace(f, change=change, suggestion=suggestion)
 
 
 def enough_evidence(dw) -> bool:
@@ -214,24 +194,3 @@ def surely_above(fraction: float, samples: int, threshold: float) -> bool:
     (CONFIDENCE_Z standard errors of a binomial share): 8% of 70 samples is not evidence of 5%."""
     error = (max(fraction * (1 - fraction), 0.01 * 0.99) / max(1, samples)) ** 0.5
     return fraction - error * T.CONFIDENCE_Z >= threshold
-
-
-def workers_for(cpus: float) -> int:
-    """CPU-bound workers that `cpus` CPUs can run, counting one that would get at least
-    WORKER_MIN_CPU of a CPU."""
-    return math.floor(cpus + 1 - T.WORKER_MIN_CPU)
-
-
-def predicted_wait(wait: float, workers: int, new_workers: int) -> float:
-    """Data wait after changing the worker count, if the loader's throughput scales with
-    workers and the step's compute stays the same.
-
-    With step time S, compute C = S(1 - wait) and a loader that delivers a batch every S
-    (it is the bottleneck), n' workers deliver one every S·n/n': the new wait share is
-    max(0, n/n' - (1 - wait)) / max(1 - wait, n/n').
-    """
-    if workers <= 0 or new_workers <= 0:
-        return wait
-    batch_time = workers / new_workers
-    compute = 1.0 - wait
-    return max(0.0, batch_time - compute) / max(compute, batch_time)

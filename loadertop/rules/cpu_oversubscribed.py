@@ -1,11 +1,13 @@
-"""cpu_oversubscribed: more runnable threads than usable CPUs; everything waits its turn."""
+"""cpu_oversubscribed: the trainer's threads wait for CPUs they cannot get: its quota runs
+out, other processes take them, or its own workers ask for more than it has."""
 
 from __future__ import annotations
 
-from statistics import fmean
-
+from . import plan as P
 from . import thresholds as T
-from .base import CRITICAL, FINE, UNKNOWN, WARNING, Check, Context, finding
+from .base import CRITICAL, FINE, UNKNOWN, WARNING, Check, Context
+
+ID = "cpu_oversubscribed"
 
 
 def check(ctx: Context) -> Check:
@@ -13,36 +15,44 @@ def check(ctx: Context) -> Check:
     waits = [p.runqueue_wait_s_per_s for p in (t.main, *t.workers)]
     if any(w is None for w in waits):
         return UNKNOWN
-    runqueue = sum(waits)
-    usable = ctx.usable_cpus
-    load = ctx.snap.host.load_avg[0]
-    if runqueue < T.RUNQUEUE_WAIT_WARNING or load < T.LOAD_PER_CPU_WARNING * usable:
+    m, plan = ctx.measured, ctx.plan
+    budget = m.budget
+    if plan.cause == P.TOO_MANY_WORKERS and budget.shared_with:
+        return FINE  # other DataLoader jobs share the CPUs: too_many_workers says how to split them
+    if plan.cause not in P.OVERSUBSCRIBED:
         return FINE
-    invol = [p.ctx_switches_involuntary_per_s for p in (t.main, *t.workers)]
-    invol_per_cpu = sum(v for v in invol if v is not None) / usable
-    level = CRITICAL if runqueue >= usable else WARNING
-    busy = [w.busy_threads for w in t.workers if w.busy_threads is not None]
-    threads = fmean(busy) if busy else 1.0
-    new_n = max(1, min(ctx.num_workers, ctx.cpu_share - 1))
-    change: dict = {}
-    parts = []
-    if new_n < ctx.num_workers:
-        change["DataLoader"] = {"num_workers": new_n}
-        parts.append(f"DataLoader(num_workers={ctx.num_workers} -> {new_n})")
-    if threads >= T.WORKER_BUSY_THREADS:
-        change["env"] = {"OMP_NUM_THREADS": "1"}
-        parts.append("OMP_NUM_THREADS=1")
-    suggestion = (
-        " and ".join(parts) + f" so that runnable threads fit the {usable} usable CPUs"
-        if parts
-        else "other processes share these CPUs: give this job its own cores (taskset / cgroup "
-        "cpuset) or fewer threads elsewhere"
-    )
-    return Check(level, finding(
-        "cpu_oversubscribed", level, ctx,
-        f"threads wait {runqueue:.1f} s per second to run; load {load:.1f} on {usable} usable CPUs",
-        {"runqueue_wait_s_per_s": runqueue, "load_avg_1m": load, "usable_cpus": usable,
-         "involuntary_ctx_switches_per_s_per_cpu": invol_per_cpu, "num_workers": ctx.num_workers},
-        suggestion,
-        change or None,
-    ))
+    runqueue = sum(waits)
+    throttled = budget.throttled or 0.0
+    if runqueue < T.RUNQUEUE_WAIT_WARNING and throttled < T.THROTTLED_SHARE:
+        return FINE
+    level = CRITICAL if runqueue >= budget.cpus or throttled >= 0.5 else WARNING
+    evidence = {"runqueue_wait_s_per_s": runqueue, "cpus": round(budget.cpus, 2), "cpu_set": budget.cpu_set,
+                "cpu_quota": budget.quota, "throttled_fraction": budget.throttled,
+                "other_processes_cpus": round(budget.others_busy, 2), "trainer_cpus_used": budget.used,
+                "load_avg_1m": ctx.snap.host.load_avg[0], "num_workers": m.num_workers, "cause": plan.cause,
+                "predicted_gain": plan.gain}
+    if plan.cause == P.QUOTA:
+        title = (f"the trainer's {budget.quota:g}-CPU quota runs out in {throttled:.0%} of its periods; "
+                 f"its threads wait {runqueue:.1f} s per second to run")
+        note = "its CPU quota is the limit, not the loader"
+        if plan.bigger_budget:
+            cpus, gain = plan.bigger_budget
+            note += (f": a {cpus:g}-CPU quota (docker --cpus={cpus:g}, Kubernetes resources.limits.cpu: "
+                     f"{cpus:g}) predicts ~{gain:+.0%} steps/s")
+    elif plan.cause == P.BUSY_HOST:
+        title = (f"other processes keep {budget.others_busy:.1f} of the trainer's {budget.cpu_set} CPUs busy; "
+                 f"its threads wait {runqueue:.1f} s per second to run")
+        note = ("the CPUs are taken by other processes, not by the loader: give the job its own cores "
+                "(taskset, a cgroup cpuset, a dedicated node) or move the other work")
+        if plan.bigger_budget:
+            cpus, gain = plan.bigger_budget
+            note += f"; with {cpus:g} free CPUs ~{gain:+.0%} steps/s"
+    elif plan.cause == P.THREADS:
+        lw = m.loader
+        busy = lw.num_workers * (lw.busy_threads or 1.0) if lw else 0.0
+        title = f"{busy:.0f} busy worker threads on {budget.cpus:.1f} CPUs; threads wait {runqueue:.1f} s per second"
+        note = "the workers' thread pools outnumber the CPUs: one thread per worker"
+    else:
+        title = f"the trainer's threads wait {runqueue:.1f} s per second for its {budget.cpus:.1f} CPUs"
+        note = "its workers ask for more CPU than it has"
+    return ctx.found(ID, level, title, evidence, note, parts=("workers", "threads"))

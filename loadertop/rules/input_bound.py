@@ -2,104 +2,86 @@
 
 from __future__ import annotations
 
-import math
-
+from . import plan as P
 from . import thresholds as T
-from .base import (
-    CRITICAL,
-    FINE,
-    UNKNOWN,
-    WARNING,
-    Check,
-    Context,
-    enough_evidence,
-    finding,
-    pct,
-    predicted_wait,
-    wait_above,
-    workers_for,
-)
+from .base import CRITICAL, FINE, UNKNOWN, WARNING, Check, Context, enough_evidence, pct, wait_above
+
+ID = "input_bound"
 
 
 def check(ctx: Context) -> Check:
     dw = ctx.data_wait()
     if dw is None or not enough_evidence(dw):
         return UNKNOWN
-    if ctx.num_workers == 0 or not wait_above(dw, dw.fraction, T.DATA_WAIT_WARNING):
-        return FINE  # with num_workers=0 the main process loads: main_process_bound says so
-    if (dw.main_process_fraction or 0.0) > (dw.worker_wait_fraction or 0.0):
-        return FINE  # the main process itself is the bottleneck, not the workers
-    if ctx.loader_ahead:
-        return FINE  # the workers have the batches ready: main_process_bound says why the loop waits
-    level = CRITICAL if wait_above(dw, dw.fraction, T.DATA_WAIT_CRITICAL) else WARNING
-    wait = dw.fraction
-    n = ctx.num_workers
-    cpu = ctx.worker_cpu
+    m, plan = ctx.measured, ctx.plan
+    wait = m.wait_workers or 0.0
+    if m.loader is None or plan.cause in (P.STALLED, P.MAIN_LOADING, P.RECEIVING):
+        return FINE  # a hang is loader_stalled's, the main process's own work main_process_bound's
+    if not wait_above(dw, wait, T.DATA_WAIT_WARNING):
+        return FINE
+    level = CRITICAL if wait_above(dw, wait, T.DATA_WAIT_CRITICAL) else WARNING
+    gpu = m.gpu_utilization
+    if gpu is not None and gpu >= T.GPU_BUSY_PERCENT:
+        level -= 1  # the GPU is busy all the same: the wait costs less than it seems
+        if level == 0:
+            return FINE
+    lw = m.loader
     evidence = {
-        "data_wait_fraction": wait,
-        "worker_wait_fraction": dw.worker_wait_fraction,
+        "data_wait_fraction": m.wait,
+        "worker_wait_fraction": wait,
         "samples": dw.samples,
-        "num_workers": n,
-        "worker_cpu_percent": cpu,
-        "usable_cpus": ctx.usable_cpus,
-        "trainers_sharing_cpus": ctx.trainers_sharing,
-        "idle_cpus": ctx.idle_cpus,
-        "main_process_cpus": ctx.main_cpus,
+        "num_workers": lw.num_workers,
+        "loader": lw.dataset_class,
+        "worker_cpu_percent": None if lw.cpu is None else 100.0 * lw.cpu,
+        "worker_runqueue_wait_s_per_s": lw.runqueue,
+        "worker_busy_threads": lw.busy_threads,
+        "worker_read_bytes_per_s": lw.read_bytes_per_s,
+        "worker_disk_sleep_fraction": lw.blocked,
+        "main_process_cpu_percent": None if m.main_cpu is None else 100.0 * m.main_cpu,
+        "cpus": round(m.budget.cpus, 2),
+        "cause": plan.cause,
+        "predicted_gain": plan.gain,
     }
-    gpu = ctx.gpu_utilization()
     if gpu is not None:
         evidence["gpu_utilization_percent"] = gpu
-    doing = sorted({w.doing for w in ctx.trainer.workers if w.doing})
-    busy = f"; workers are in {doing[0]}" if doing else ""
-    title = f"data wait {pct(wait)} of the training loop"
+    title = f"data wait {pct(m.wait)} of the training loop"
     if gpu is not None:
         title += f" while GPU utilization is {gpu:.0f}%"
-    idle = ctx.idle_cpus
-    if cpu is not None and cpu >= T.WORKER_CPU_BOUND:
-        # CPU-bound workers: more workers, as many as idle CPUs and this trainer's share (beside
-        # what its main process needs) allow.
-        room = workers_for(idle) if idle is not None else 0
-        new_n = min(ctx.worker_cpus, n + room)
-        if new_n > n:
-            after = predicted_wait(wait, n, new_n)
-            return Check(level, finding(
-                "input_bound", level, ctx, title, evidence,
-                f"workers at {cpu:.0f}% CPU with {idle:.1f} usable CPUs idle: "
-                f"DataLoader(num_workers={n} -> {new_n}) should cut data wait from ~{pct(wait)} "
-                f"toward ~{pct(after)}",
-                {"DataLoader": {"num_workers": new_n}},
-            ), span_s=dw.window_s)
-        if room > 0:
-            full = (f"this trainer's {ctx.cpu_share} usable CPUs are taken by its {n} "
-                    f"worker{'s' if n != 1 else ''} and its main process (~{ctx.main_cpus:.1f} CPUs)")
+    why = _why(ctx)
+    if plan.change("workers") is None:
+        title += " with no CPU left" if plan.cause in P.OVERSUBSCRIBED or plan.limit in P.CPU_LIMITS else ""
+        note = f"{why}: more workers will not help"
+        cap = plan.cap_text()
+        if cap and plan.cause not in P.OVERSUBSCRIBED:
+            note += f" ({cap})"
+        if plan.cause in P.OVERSUBSCRIBED:
+            note += "; cpu_oversubscribed says what takes the CPUs"
+        elif plan.cause == P.LOADER_IO:
+            note += "; read larger chunks, cache or prefetch the data closer to the job"
         else:
-            full = f"this trainer's {ctx.cpu_share} usable CPUs are busy"
-        return Check(level, finding(
-            "input_bound", level, ctx, title + " with no CPU left", evidence,
-            f"workers at {cpu:.0f}% CPU and {full}{busy}: "
-            "more workers will not help; make each item cheaper (preprocess offline, decode "
-            "smaller or lighter images, cache decoded samples) or give the job more CPUs",
-            None,
-        ), span_s=dw.window_s)
-    if cpu is not None and cpu < T.WORKER_IO_BOUND:
-        # Workers mostly sleep (I/O): more workers than cores pay off, and a deeper prefetch.
-        target = math.ceil(n / max(0.05, 1.0 - wait))
-        new_n = max(n + 1, min(target, ctx.cpu_share * T.IO_WORKERS_PER_CPU))
-        after = predicted_wait(wait, n, new_n)
-        return Check(level, finding(
-            "input_bound", level, ctx, title + " (workers wait on I/O)", evidence,
-            f"workers use only {cpu:.0f}% CPU: they wait on I/O{busy}. "
-            f"DataLoader(num_workers={n} -> {new_n}, prefetch_factor=4) should cut data wait "
-            f"from ~{pct(wait)} toward ~{pct(after)}; I/O-bound loaders may run more workers "
-            "than cores",
-            {"DataLoader": {"num_workers": new_n, "prefetch_factor": 4}},
-        ), span_s=dw.window_s)
-    new_n = min(ctx.worker_cpus, n + 1)
-    change = {"DataLoader": {"num_workers": new_n}} if new_n > n else None
-    text = (
-        f"try DataLoader(num_workers={n} -> {new_n}) and watch data wait"
-        if change
-        else "no CPU share left for more workers: make each item cheaper"
-    )
-    return Check(level, finding("input_bound", level, ctx, title, evidence, text + busy, change),
-                 span_s=dw.window_s)
+            note += ("; make each item cheaper (preprocess offline, decode smaller or lighter samples, cache "
+                     "decoded ones) or give the job more CPUs")
+        return ctx.found(ID, level, title, evidence, note, span_s=dw.window_s)
+    return ctx.found(ID, level, title, evidence, why, parts=("workers",), span_s=dw.window_s)
+
+
+def _why(ctx: Context) -> str:
+    """What the workers do, in the user's words, from the plan's cause."""
+    m, plan = ctx.measured, ctx.plan
+    lw = m.loader
+    cpu = f"{100 * lw.cpu:.0f}%" if lw.cpu is not None else "n/a"
+    doing = f" in {lw.doing}" if lw.doing else ""
+    if plan.cause == P.LOADER_CPU:
+        return f"the workers compute ({cpu} CPU each{doing})"
+    if plan.cause == P.LOADER_IO:
+        read = f", reading {lw.read_bytes_per_s / 2**20:.1f} MiB/s each" if lw.read_bytes_per_s else ""
+        return f"the workers mostly wait on I/O ({cpu} CPU each{read}{doing})"
+    if plan.cause == P.QUOTA:
+        return f"the workers get {cpu} CPU each: the trainer's CPU quota throttles them"
+    if plan.cause == P.BUSY_HOST:
+        return f"the workers get {cpu} CPU each: other processes take the CPUs"
+    if plan.cause == P.THREADS:
+        return f"the workers run thread pools ({lw.busy_threads or 0:.1f} busy threads each) on too few CPUs"
+    if plan.cause == P.TOO_MANY_WORKERS:
+        return f"the workers get {cpu} CPU each: they wait their turn for the CPUs"
+    return f"the workers are busy ({cpu} CPU each{doing})"

@@ -1,34 +1,35 @@
-"""loader_stalled: the loop waits for data while no worker does anything: a hang."""
+"""loader_stalled: the loop waits for data while no worker gets anything done: a hang."""
 
 from __future__ import annotations
 
-from . import thresholds as T
-from .base import CRITICAL, FINE, UNKNOWN, Check, Context, finding
+from .base import CRITICAL, FINE, UNKNOWN, Check, Context
+
+ID = "loader_stalled"
+
+SEEN = {"stopped": "stopped", "idle": "idle (no CPU, nothing wakes them)",
+        "one frame": "stuck on one line in every stack"}
 
 
 def check(ctx: Context) -> Check:
     dw = ctx.data_wait()
     if dw is None:
         return UNKNOWN
-    workers = ctx.trainer.workers
-    if dw.stalled_for_s < T.STALL_S or not workers:
+    how = ctx.hang
+    if how is None:
         return FINE
     window = ctx.history(dw.stalled_for_s)
-    stopped = all(w.status == "stopped" for w in workers)
     cpus = [w.cpu_percent for t in window for w in t.workers if w.cpu_percent is not None]
-    idle = stopped or (bool(cpus) and max(cpus) < T.IDLE_WORKER_CPU)
-    if not idle:
-        return FINE
-    doing = {w.pid: (w.status if w.status == "stopped" else w.doing or w.status) for w in workers}
-    return Check(CRITICAL, finding(
-        "loader_stalled", CRITICAL, ctx,
-        f"training has waited {dw.stalled_for_s:.0f} s for a batch while every worker is "
-        + ("stopped" if stopped else "idle"),
-        {"stalled_for_s": dw.stalled_for_s, "workers": doing,
+    doing = {w.pid: (w.status if w.status == "stopped" else w.doing or w.status) for w in ctx.trainer.workers}
+    return ctx.found(
+        ID, CRITICAL,
+        f"training has waited {dw.stalled_for_s:.0f} s for a batch while every worker is {SEEN[how]}",
+        {"stalled_for_s": dw.stalled_for_s, "workers": doing, "how": how,
          "max_worker_cpu_percent": max(cpus) if cpus else None},
-        "a hang: look at the workers' stacks (py-spy dump --pid PID). Usual causes: a stopped "
-        "worker (SIGSTOP, a debugger), a fork-unsafe library used in the dataset (open file "
-        "handles, threads, CUDA before fork: use multiprocessing_context='spawn'), a deadlock "
-        "on a lock held at fork, or a full /dev/shm",
-        None,
-    ), span_s=dw.stalled_for_s)
+        "a hang, not a slow loader: more workers will not help. Look at the workers' stacks (py-spy dump "
+        "--pid PID). Usual causes: a stopped worker (SIGSTOP, a debugger), a fork-unsafe library used in the "
+        "dataset (open file handles, threads, CUDA before fork: use multiprocessing_context='spawn'), a "
+        "deadlock on a lock held at fork, a read that never returns (a network file system), or a full "
+        "/dev/shm",
+        span_s=dw.stalled_for_s,
+        immediate=True,  # the stall already lasted; holding it longer only hides a hang
+    )

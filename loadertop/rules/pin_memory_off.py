@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from .base import FINE, UNKNOWN, Check, Context, finding
+from .base import FINE, UNKNOWN, WARNING, Check, Context
+
+ID = "pin_memory_off"
 
 
 def check(ctx: Context) -> Check:
@@ -13,11 +15,10 @@ def check(ctx: Context) -> Check:
         return UNKNOWN
     if t.pin_memory_thread:
         return FINE
-    return Check(0 + 1, finding(
-        "pin_memory_off", 1, ctx,
-        "batches go to the GPU from pageable memory (no pin-memory thread)",
+    return ctx.found(
+        ID, WARNING, "batches go to the GPU from pageable memory (no pin-memory thread)",
         {"gpus": list(t.gpus), "pin_memory_thread": False, "num_workers": len(t.workers)},
-        "DataLoader(pin_memory=True), and .to(device, non_blocking=True) in the loop, so host-to-"
-        "device copies overlap with compute",
-        {"DataLoader": {"pin_memory": True}},
-    ))
+        "DataLoader(pin_memory=True), and .to(device, non_blocking=True) in the loop, so host-to-device "
+        "copies overlap with compute",
+        change={"DataLoader": {"pin_memory": True}},
+    )

@@ -14,6 +14,10 @@ MIN_STACK_SAMPLES = 40
 # loop at 5% +- 2% must not be called input-bound.
 CONFIDENCE_Z = 1.64
 
+# GPU utilization this high with some host wait: the wait costs less than it seems, so
+# input_bound is one severity lower.
+GPU_BUSY_PERCENT = 90.0
+
 # A worker above this share of one core is CPU-bound (it computes, it does not wait on I/O);
 # below IO_BOUND_CPU it mostly sleeps (disk, network, a remote store).
 WORKER_CPU_BOUND = 80.0
@@ -23,21 +27,14 @@ WORKER_IO_BOUND = 50.0
 # queued and shows it ~never; one that is ahead shows it all but its busy share (~75% for a
 # worker handing many tensors over). A third keeps a few unlucky dumps from deciding.
 LOADER_AHEAD_SHARE = 0.34
-# I/O-bound loaders may run more workers than cores; cap the suggestion at this many per CPU.
-IO_WORKERS_PER_CPU = 4
-# Another CPU-bound worker is worth suggesting where it would get at least this share of a
-# CPU (idle CPUs, and the trainer's share left beside its main process, are rounded so): half
-# a CPU more for the loader is half as many batches again.
-WORKER_MIN_CPU = 0.5
 
 # Busy threads are counted by probes/procs (BUSY_THREAD_MIN_CPU, BUSY_THREAD_OF_BUSIEST); a
 # healthy worker has one busy thread (its main thread) beside ~2 idle queue feeder threads.
 WORKER_BUSY_THREADS = 1.5  # mean busy threads per worker above which pools are running
 
-# Oversubscription: run-queue wait (seconds runnable but not running, per second, summed over
-# the trainer's processes) and load average against usable CPUs.
+# Oversubscription: run-queue wait (seconds runnable but not running, throttling included,
+# per second, summed over the trainer's processes).
 RUNQUEUE_WAIT_WARNING = 0.5
-LOAD_PER_CPU_WARNING = 1.25
 
 # Several loaders share the machine: torch warns when num_workers exceeds usable CPUs;
 # Lightning suggests max(1, usable_cpus // local_world_size - 1) workers per process.
@@ -48,20 +45,75 @@ SHM_WARNING = 0.80
 SHM_CRITICAL = 0.95
 
 # Copy-on-read: worker USS/PSS growing while RSS stays flat.
+MEMORY_WARMUP_S = 5.0  # a worker's first seconds (imports, caches, arenas) are not a trend
 MEMORY_GROWTH_MIN_WINDOW_S = 20.0
+MEMORY_GROWTH_MIN_POINTS = 6
 MEMORY_GROWTH_MIN_BYTES_PER_MIN = 4 * 2**20  # per worker
 MEMORY_GROWTH_MIN_FIT = 0.8  # R² of a straight line through the samples
+MEMORY_GROWTH_KEEPS_PACE = 0.5  # later half vs earlier half: warm-up slows down, a leak does not
+MEMORY_GROWTH_MATTERS_HOURS = 24.0  # slower growth outlasts a training run: no alarm
 MEMORY_GROWTH_CRITICAL_HOURS = 1.0
 
 # Worker churn: this many re-creations within the window mean an epoch-by-epoch respawn.
 RESPAWN_MIN = 2
 RESPAWN_WINDOW_S = 300.0
 
-# A hang: the main thread continuously in data wait this long while every worker is idle.
+# A hang: the main thread continuously in data wait for HANG_MIN_S while every worker is
+# stopped, or idle (under IDLE_WORKER_CPU % and IDLE_WORKER_SWITCHES context switches a
+# second: nothing wakes it); or for STALL_S while every worker's stack stays on one frame.
+HANG_MIN_S = 5.0
 STALL_S = 20.0
 IDLE_WORKER_CPU = 2.0
+IDLE_WORKER_SWITCHES = 5.0
+
+# Rates are averaged over the data wait's own window, within these bounds.
+WINDOW_MIN_S = 10.0
+WINDOW_MAX_S = 60.0
 
 # Hysteresis: a condition must hold this long to raise a finding, and be gone this long to
 # clear it, so findings do not flap tick to tick.
 HOLD_S = 10.0
 CLEAR_S = 20.0
+
+# --- the throughput model (rules/throughput.py, rules/plan.py) ------------------------------
+
+# Sharpness of the soft minimum of the model's bounds: near a knee, where two bounds are
+# close, workers and the loop wait for each other and the real rate falls below both.
+# Fitted on bench/advice.py's jobs (docs/BENCHMARKS.md).
+SOFTMIN_P = 4.0
+# A plan takes the cheapest setting whose predicted rate is within this share of the best
+# prediction, as `loadertop tune` does with measured rates.
+TOLERANCE = 0.05
+# A change is proposed for speed only when it predicts at least this gain; below it, it is
+# not worth a restart (a cheaper setting for a cost reason is proposed anyway).
+MIN_GAIN = 0.05
+# Fewer workers or threads, for a cost reason (oversubscription, memory, /dev/shm), only
+# where the model predicts no more than this loss.
+MAX_LOSS = 0.02
+# What receiving a batch from a worker costs the main process, as a share of loading it.
+RECEIVE_SHARE = 0.1
+# Floors that keep the model's divisions finite.
+MIN_SERIAL_SHARE = 0.02
+MAX_RUNQUEUE_SHARE = 0.9
+MIN_PLANNED_CPUS = 0.25
+# Workers the plan may propose: I/O-bound loaders gain past the cores, up to this many per CPU.
+IO_WORKERS_PER_CPU = 4
+MAX_WORKERS = 64
+# Bytes in flight must leave this much of /dev/shm and of the available memory free.
+SHM_LIMIT = 0.80
+MEMORY_LIMIT = 0.80
+# torch's default prefetch_factor.
+DEFAULT_PREFETCH = 2
+
+# Other processes keep this share of the trainer's CPUs busy: a busy host.
+BUSY_HOST_SHARE = 0.25
+# A quota that ran out in this share of its periods is binding.
+THROTTLED_SHARE = 0.10
+# Workers whose threads wait this share of the time for a CPU are starved of CPU: more of
+# them would only wait longer.
+STARVED_RUNQUEUE_SHARE = 0.20
+
+# A loader starts its workers together: workers started this close belong to one loader.
+LOADER_START_SPREAD_S = 2.0
+# Stack dumps older than this say nothing about what a worker does now.
+STACK_MAX_AGE_S = 60.0

@@ -1,29 +1,28 @@
-"""too_many_workers: the loaders on this machine ask for more CPUs than it has."""
+"""too_many_workers: DataLoader jobs that share CPUs ask for more of them than there are."""
 
 from __future__ import annotations
 
+from . import plan as P
 from . import thresholds as T
-from .base import FINE, UNKNOWN, WARNING, Check, Context, finding
+from .base import FINE, UNKNOWN, WARNING, Check, Context
+
+ID = "too_many_workers"
 
 
 def check(ctx: Context) -> Check:
     host = ctx.snap.host
-    total = host.dataloader_workers
-    if total is None or host.cpu_percent is None:
+    if host.dataloader_workers is None or host.cpu_percent is None:
         return UNKNOWN
-    usable = ctx.usable_cpus
-    sharing = ctx.trainers_sharing
-    if total <= usable or host.cpu_percent < T.HOST_BUSY_PERCENT or sharing < 2:
-        return FINE  # one trainer's own count is input_bound's and cpu_oversubscribed's business
-    share = max(1, usable // sharing - 1)
-    if ctx.num_workers <= share:
+    m, plan = ctx.measured, ctx.plan
+    budget = m.budget
+    if plan.cause != P.TOO_MANY_WORKERS or not budget.shared_with or host.cpu_percent < T.HOST_BUSY_PERCENT:
         return FINE
-    return Check(WARNING, finding(
-        "too_many_workers", WARNING, ctx,
-        f"{total} DataLoader workers of {sharing} trainers share {usable} usable CPUs",
-        {"workers_on_host": total, "trainers_on_host": sharing, "usable_cpus": usable,
-         "host_cpu_percent": host.cpu_percent, "num_workers": ctx.num_workers},
-        f"split the CPUs between the trainers: {usable} CPUs / {sharing} trainers leaves each "
-        f"DataLoader(num_workers={ctx.num_workers} -> {share}) (one CPU for its main process)",
-        {"DataLoader": {"num_workers": share}},
-    ))
+    return ctx.found(ID, WARNING,
+                     f"{budget.shared_with + 1} DataLoader jobs share {budget.cpu_set} CPUs; this one's share is "
+                     f"{budget.cpus:.1f}",
+                     {"workers_on_host": host.dataloader_workers, "trainers_sharing_cpus": budget.shared_with + 1,
+                      "cpus": round(budget.cpus, 2), "cpu_set": budget.cpu_set,
+                      "host_cpu_percent": host.cpu_percent, "num_workers": m.num_workers,
+                      "predicted_gain": plan.gain},
+                     "split the CPUs between the jobs: each worker beyond a job's share only waits for a CPU",
+                     parts=("workers",))

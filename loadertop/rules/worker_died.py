@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from .base import CRITICAL, FINE, Check, Context, finding
+import signal
+
+from .base import CRITICAL, FINE, Check, Context
+
+ID = "worker_died"
 
 
 def check(ctx: Context) -> Check:
@@ -15,14 +19,13 @@ def check(ctx: Context) -> Check:
     check_what = (
         "the kernel OOM killer (dmesg | grep -i oom) and the job's memory limit: lower batch "
         "size or num_workers, or share less per worker"
-        if killed == 9
+        if killed == signal.SIGKILL
         else "the worker's traceback in the training log"
     )
-    return Check(CRITICAL, finding(
-        "worker_died", CRITICAL, ctx,
-        f"worker {e.pid} died ({how})",
+    return ctx.found(
+        ID, CRITICAL, f"worker {e.pid} died ({how})",
         {"worker_pid": e.pid, "exit_code": e.exit_code, "signal": killed or None, "when": e.time,
          "deaths": len(deaths)},
         f"check {check_what}; the DataLoader raises in the trainer when a worker dies",
-        None,
-    ), immediate=True)
+        immediate=True,
+    )

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from . import thresholds as T
-from .base import FINE, UNKNOWN, WARNING, Check, Context, finding
+from .base import FINE, UNKNOWN, WARNING, Check, Context
+
+ID = "worker_respawn"
 
 
 def check(ctx: Context) -> Check:
@@ -25,12 +27,11 @@ def check(ctx: Context) -> Check:
     evidence = {"respawns": respawns, "window_s": seconds, "generations": generations,
                 "num_workers": n, "restart_gap_s": max(gaps) if gaps else None}
     every = seconds / generations if generations else None
-    return Check(WARNING, finding(
-        "worker_respawn", WARNING, ctx,
-        f"{respawns} workers re-created in {seconds:.0f} s"
-        + (f" (every ~{every:.0f} s)" if every else ""),
+    return ctx.found(
+        ID, WARNING,
+        f"{respawns} workers re-created in {seconds:.0f} s" + (f" (every ~{every:.0f} s)" if every else ""),
         evidence,
         "each epoch starts its workers again (dataset copied or re-imported, caches lost): "
         "DataLoader(persistent_workers=True) keeps them alive across epochs",
-        {"DataLoader": {"persistent_workers": True}},
-    ))
+        change={"DataLoader": {"persistent_workers": True}},
+    )

@@ -263,7 +263,7 @@ class LoadertopApp(App):
             self.notify("nothing sampled yet", severity="warning")
             return None
         snaps = list(self.history)[-300:]
-        data = report.build_report(snaps, self.findings)
+        data = report.build_report(snaps, self.findings, plans=self.source.diagnoser.plans)
         pid = snaps[-1].jobs[0] if snaps[-1].jobs else "host"
         stem = self.save_dir / f"loadertop-{pid}-{time.strftime('%Y%m%d-%H%M%S')}"
         try:

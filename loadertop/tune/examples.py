@@ -15,25 +15,25 @@ import time
 import torch
 from torch.utils.data import Dataset
 
-from ..demo_job import _spin
+from ..demo_job import calibrate, units_for, work
 
 
 class Items(Dataset):
-    """`length` items of `floats` float32 each, costing `cpu_ms` of computation and
-    `sleep_ms` of waiting (a disk or a remote store) per item."""
+    """`length` items of `floats` float32 each, costing `cpu_ms` of computation (a fixed loop
+    count, timed once on a free core) and `sleep_ms` of waiting (a disk or a remote store)."""
 
     def __init__(self, length: int, floats: int = 1024, cpu_ms: float = 0.0, sleep_ms: float = 0.0) -> None:
         self.length = length
         self.floats = floats
-        self.cpu_ms = cpu_ms
+        self.units = units_for(cpu_ms, calibrate()) if cpu_ms else 0
         self.sleep_ms = sleep_ms
 
     def __len__(self) -> int:
         return self.length
 
     def __getitem__(self, i: int):
-        if self.cpu_ms:
-            _spin(self.cpu_ms / 1000.0)
+        if self.units:
+            work(self.units)
         if self.sleep_ms:
             time.sleep(self.sleep_ms / 1000.0)
         return torch.full((self.floats,), float(i % 251)), i % 10

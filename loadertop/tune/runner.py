@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from statistics import fmean
 
-from ..demo import stop_job
+from ..jobs import stop_job
 from ..probes import host as host_probe
 from ..probes import procfs
 from ..probes.gpu import GpuProbe

@@ -1,0 +1,293 @@
+"""What a window of snapshots says about one trainer, as the throughput model needs it: where
+a step's time goes (data wait, split into waiting for workers and the main process's own
+loading), the main process's CPU, each loader's workers, and the CPUs, memory and /dev/shm
+this trainer can really get.
+
+Pure: built from snapshots only. Every figure that could not be measured is None.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import fmean, median
+
+from ..model import WAITING_FOR_INDICES, LoaderConfig, ProcessSample, Snapshot, TrainerSnapshot
+from . import thresholds as T
+
+
+@dataclass(frozen=True)
+class LoaderWindow:
+    """One DataLoader's workers over the window."""
+
+    dataset_class: str | None
+    num_workers: int  # as configured where known, else the workers seen
+    pids: tuple[int, ...]
+    prefetch_factor: int
+    persistent: bool | None
+    iterable: bool | None
+    cpu: float | None  # mean CPUs one worker uses
+    runqueue: float | None  # mean seconds per second one worker's threads wait to run (throttling included)
+    busy_threads: float | None  # mean threads per worker doing real work
+    blocked: float  # share of samples in uninterruptible sleep (disk, network file systems)
+    stopped: bool  # every worker stopped (SIGSTOP, a debugger) at the last tick
+    uss_bytes: float | None  # mean private memory of one worker
+    read_bytes_per_s: float | None  # mean of one worker
+    ahead: bool  # recent stacks show the workers waiting for indices, and their CPU agrees
+    thread_pools: tuple[str, ...]  # pools their libraries can run
+    doing: str | None  # the frame seen most in recent stacks
+    batch_bytes: int | None  # one batch's tensors, where the hook measured it
+
+    @property
+    def demand(self) -> float:
+        """CPUs one worker would use if nothing made it wait for a CPU."""
+        return (self.cpu or 0.0) + (self.runqueue or 0.0)
+
+
+@dataclass(frozen=True)
+class CpuBudget:
+    """The CPUs this trainer's processes can get, and what limits them."""
+
+    cpus: float  # what the model may plan with
+    cpu_set: int  # CPUs in its affinity
+    quota: float | None  # its cgroup's quota, in CPUs
+    shared_with: int  # other DataLoader trainers whose CPUs overlap its own
+    others_busy: float  # CPUs that processes other than DataLoader jobs keep busy on its CPUs
+    used: float | None  # CPUs the trainer and all its workers use now
+    throttled: float | None  # share of quota periods that ran out
+    limit: str  # what bounds `cpus`: cpus | quota | shared | busy_host
+
+
+@dataclass(frozen=True)
+class Measured:
+    wait: float | None  # data wait, share of the loop's wall time
+    wait_workers: float | None  # of it, blocked until a worker's batch arrives
+    wait_main: float | None  # of it, loading or receiving work the main process does itself
+    wait_source: str | None  # py-spy | hook
+    samples: int
+    window_s: float
+    stalled_s: float  # continuously inside next() up to now
+    steps_per_s: float | None  # where the hook counts batches
+    iterable: bool | None
+    main_cpu: float | None  # CPUs the main process uses (median over the window)
+    main_runqueue: float  # seconds per second its threads wait to run
+    main_busy_threads: float  # its threads doing real work
+    loader: LoaderWindow | None  # the loader the loop waits on (the busiest)
+    other_loaders: tuple[LoaderWindow, ...]
+    budget: CpuBudget
+    memory_available: int | None  # bytes more workers may use: the host's, or its cgroup's headroom
+    shm_total: int | None
+    shm_peak: int | None
+    shm_torch: int | None  # bytes of torch's shared tensors in flight
+    gpu_utilization: float | None
+    env: dict[str, str]
+
+    @property
+    def num_workers(self) -> int:
+        return self.loader.num_workers if self.loader else 0
+
+
+def _mean(values) -> float | None:
+    present = [v for v in values if v is not None]
+    return fmean(present) if present else None
+
+
+# --- loaders --------------------------------------------------------------------------------
+
+
+def loader_groups(trainer: TrainerSnapshot) -> list[tuple[LoaderConfig | None, tuple[ProcessSample, ...]]]:
+    """The trainer's workers grouped by loader: by what py-spy or the hook said of each, then
+    the rest by when they started (a loader starts all its workers at once)."""
+    live = {w.pid: w for w in trainer.workers}
+    groups: list[tuple[LoaderConfig | None, list[ProcessSample]]] = []
+    placed: set[int] = set()
+    for config in trainer.loaders:
+        members = [live[p] for p in config.worker_pids if p in live and p not in placed]
+        if members:
+            groups.append((config, members))
+            placed.update(w.pid for w in members)
+    for w in sorted((w for w in trainer.workers if w.pid not in placed), key=lambda w: w.started_at):
+        home = next((g for g in groups if any(abs(m.started_at - w.started_at) <= T.LOADER_START_SPREAD_S
+                                                 for m in g[1])), None)
+        if home is None:
+            groups.append((None, [w]))
+        else:
+            home[1].append(w)
+    return [(config, tuple(members)) for config, members in groups]
+
+
+def _loader_window(config: LoaderConfig | None, members: tuple[ProcessSample, ...],
+                   window: Sequence[TrainerSnapshot], now: float) -> LoaderWindow:
+    pids = {w.pid for w in members}
+    samples = [w for t in window for w in t.workers if w.pid in pids]
+    cpu = _mean(w.cpu_percent / 100.0 if w.cpu_percent is not None else None for w in samples)
+    runqueue = _mean(w.runqueue_wait_s_per_s for w in samples)
+    busy = _mean(w.busy_threads for w in samples)
+    blocked = sum(1 for w in samples if w.status == "disk-sleep") / max(1, len(samples))
+    # Stacks read recently, one reading per dump (a dump stays on the samples until the next).
+    readings: dict[int, dict[float, str]] = {}
+    for w in samples:
+        if w.doing and w.doing_at is not None and w.doing_at >= now - T.STACK_MAX_AGE_S:
+            readings.setdefault(w.pid, {})[w.doing_at] = w.doing
+    waiting = {pid: sum(d == WAITING_FOR_INDICES for d in r.values()) / len(r) for pid, r in readings.items()}
+    demand = (cpu or 0.0) + (runqueue or 0.0)
+    # Ahead: every worker often seen waiting for indices (a worker that is behind never is,
+    # and batches come in order, so one straggler makes the loop wait), and the CPU agrees
+    # (a worker that computes most of the time is not waiting for work).
+    ahead = (len(readings) == len(pids) and all(s >= T.LOADER_AHEAD_SHARE for s in waiting.values())
+             and demand / max(1.0, busy or 1.0) < T.WORKER_CPU_BOUND / 100.0)
+    frames = Counter(d for r in readings.values() for d in r.values() if d != WAITING_FOR_INDICES)
+    pools = sorted({p for w in members for p in w.thread_pools})
+    configured = config.num_workers if config is not None and config.num_workers else len(members)
+    return LoaderWindow(
+        dataset_class=config.dataset_class if config else None,
+        num_workers=max(configured, len(members)),
+        pids=tuple(sorted(pids)),
+        prefetch_factor=(config.prefetch_factor if config and config.prefetch_factor else T.DEFAULT_PREFETCH),
+        persistent=config.persistent_workers if config else None,
+        iterable=config.iterable if config else None,
+        cpu=cpu,
+        runqueue=runqueue,
+        busy_threads=busy,
+        blocked=blocked,
+        stopped=all(w.status == "stopped" for w in members),
+        uss_bytes=_mean(w.uss_bytes for w in members),
+        read_bytes_per_s=_mean(w.read_bytes_per_s for w in samples),
+        ahead=ahead,
+        thread_pools=tuple(pools),
+        doing=frames.most_common(1)[0][0] if frames else None,
+        batch_bytes=config.batch_bytes if config else None,
+    )
+
+
+# --- CPUs -----------------------------------------------------------------------------------
+
+
+def cpu_budget(snap: Snapshot, trainer: TrainerSnapshot, window: Sequence[TrainerSnapshot],
+               others_window: dict[int, list[TrainerSnapshot]]) -> CpuBudget:
+    """The CPUs this trainer can get: its affinity, capped by its quota, less what processes
+    other than DataLoader jobs keep busy on those CPUs, split with the DataLoader trainers
+    whose CPUs overlap its own (per CPU, so ranks pinned to disjoint sets share nothing), but
+    with their unused share free to take."""
+    cpu_set = trainer.cpu_set
+    size = len(cpu_set) or trainer.usable_cpus or snap.host.usable_cpus or snap.host.cpu_count
+    quota = trainer.cpu_quota
+    used_ticks = [sum((p.cpu_percent or 0.0) for p in (t.main, *t.workers)) / 100.0 for t in window
+                  if all(p.cpu_percent is not None for p in (t.main, *t.workers))]
+    used = fmean(used_ticks) if used_ticks else None
+    # Other DataLoader trainers on these CPUs: the ones watched, and the host scan's others.
+    others: dict[int, tuple[tuple[int, ...], float | None]] = {}
+    for pid, history in others_window.items():
+        t = history[-1]
+        ticks = [sum((p.cpu_percent or 0.0) for p in (h.main, *h.workers)) / 100.0 for h in history]
+        others[pid] = (t.cpu_set, fmean(ticks) if ticks else None)
+    for h in snap.host.loaders:
+        if h.pid != trainer.pid and h.pid not in others:
+            others[h.pid] = (h.cpu_set, h.cpu_cores)
+    overlapping = {pid: v for pid, v in others.items() if not cpu_set or not v[0] or set(v[0]) & set(cpu_set)}
+    # Their use on our CPUs (a trainer's use spread evenly over its own CPUs).
+    others_use = sum((use or 0.0) * _shared_part(cpu_set, their_set) for their_set, use in overlapping.values())
+    busy = _mean(t.cpus_busy for t in window)
+    others_busy = max(0.0, busy - (used or 0.0) - others_use) if busy is not None else 0.0
+    throttled = _mean(t.throttled_fraction for t in window)
+    room = size - others_busy
+    available = min(quota, room) if quota is not None else room
+    # A fair share of what is left: each CPU split between the trainers that may run on it.
+    if cpu_set:
+        counts = Counter(c for their_set, _ in overlapping.values() for c in (their_set or cpu_set) if c in cpu_set)
+        fair_cpus = sum(1.0 / (1 + counts.get(c, 0)) for c in cpu_set)
+    else:
+        fair_cpus = size / (1 + len(overlapping))
+    fair = available * fair_cpus / size
+    cpus = max(fair, available - others_use) if overlapping else available
+    cpus = max(T.MIN_PLANNED_CPUS, min(available, cpus))
+    if overlapping and cpus < available - 1e-6:
+        limit = "shared"
+    elif others_busy >= T.BUSY_HOST_SHARE * size and room < (quota if quota is not None else size):
+        limit = "busy_host"
+    elif quota is not None and quota < size - 1e-6 and quota <= room:
+        limit = "quota"
+    else:
+        limit = "cpus"
+    return CpuBudget(cpus=cpus, cpu_set=size, quota=quota, shared_with=len(overlapping),
+                     others_busy=others_busy, used=used, throttled=throttled, limit=limit)
+
+
+def _shared_part(ours: Sequence[int], theirs: Sequence[int]) -> float:
+    """Share of a trainer's CPU use that falls on our CPUs (spread evenly over its own)."""
+    if not ours or not theirs:
+        return 1.0
+    return len(set(ours) & set(theirs)) / len(theirs)
+
+
+# --- the whole window -----------------------------------------------------------------------
+
+
+def measure(snap: Snapshot, trainer: TrainerSnapshot, window: Sequence[TrainerSnapshot],
+            others_window: dict[int, list[TrainerSnapshot]], gpu_utilization: float | None) -> Measured:
+    dw = trainer.data_wait if trainer.data_wait is not None and trainer.data_wait.fraction is not None else None
+    loaders = [_loader_window(c, m, window, snap.time) for c, m in loader_groups(trainer)]
+    # The loop waits on the busiest loader; the others (a validation loader between its
+    # epochs) sit idle meanwhile.
+    loaders.sort(key=lambda lw: (not lw.ahead, lw.demand * lw.num_workers, lw.num_workers), reverse=True)
+    active = loaders[0] if loaders else None
+    wait = dw.fraction if dw else None
+    wait_main = dw.main_process_fraction if dw else None
+    wait_workers = dw.worker_wait_fraction if dw else None
+    if dw is not None and wait_main is None:  # the hook: no split, but num_workers tells
+        wait_main, wait_workers = (wait, 0.0) if active is None else (0.0, wait)
+    main_cpu = [t.main.cpu_percent / 100.0 for t in window if t.main.cpu_percent is not None]
+    memory = [v for v in (snap.host.mem_available_bytes, trainer.memory_headroom_bytes) if v is not None]
+    shm = trainer.shm
+    peaks = [t.shm.used_bytes for t in window if t.shm and t.shm.used_bytes is not None]
+    return Measured(
+        wait=wait,
+        wait_workers=wait_workers,
+        wait_main=wait_main,
+        wait_source=dw.source if dw else None,
+        samples=dw.samples if dw else 0,
+        window_s=dw.window_s if dw else 0.0,
+        stalled_s=dw.stalled_for_s if dw else 0.0,
+        steps_per_s=dw.steps_per_s if dw else None,
+        iterable=(dw.iterable if dw else None) or (active.iterable if active else None),
+        main_cpu=median(main_cpu) if main_cpu else None,
+        main_runqueue=_mean(t.main.runqueue_wait_s_per_s for t in window) or 0.0,
+        main_busy_threads=trainer.main.busy_threads or 1.0,
+        loader=active,
+        other_loaders=tuple(loaders[1:]),
+        budget=cpu_budget(snap, trainer, window, others_window),
+        memory_available=min(memory) if memory else None,
+        shm_total=shm.total_bytes if shm else None,
+        shm_peak=max(peaks) if peaks else None,
+        shm_torch=shm.torch_bytes if shm else None,
+        gpu_utilization=gpu_utilization,
+        env=trainer.env_dict,
+    )
+
+
+def hang_signature(trainer: TrainerSnapshot, stall: Sequence[TrainerSnapshot], since: float) -> str | None:
+    """How the workers look over a stall of the loop (the snapshots since `since`, epoch):
+    "stopped" (SIGSTOP, a debugger), "idle" (no CPU, nothing wakes them: blocked,
+    deadlocked), "one frame" (every stack of every worker read during the stall on the same
+    line), or None (they work)."""
+    workers = trainer.workers
+    if not workers:
+        return None
+    if all(w.status == "stopped" for w in workers):
+        return "stopped"
+    pids = {w.pid for w in workers}
+    samples = [w for t in stall for w in t.workers if w.pid in pids]
+    cpus = [w.cpu_percent for w in samples if w.cpu_percent is not None]
+    switches = [(w.ctx_switches_voluntary_per_s or 0.0) + (w.ctx_switches_involuntary_per_s or 0.0)
+                for w in samples if w.ctx_switches_voluntary_per_s is not None]
+    if cpus and max(cpus) < T.IDLE_WORKER_CPU and (not switches or max(switches) < T.IDLE_WORKER_SWITCHES):
+        return "idle"
+    frames: dict[int, dict[float, str]] = {}
+    for w in samples:
+        if w.doing and w.doing_at is not None and w.doing_at >= since:
+            frames.setdefault(w.pid, {})[w.doing_at] = w.doing
+    if len(frames) == len(pids) and all(len(f) >= 2 and len(set(f.values())) == 1
+                                        and WAITING_FOR_INDICES not in f.values() for f in frames.values()):
+        return "one frame"
+    return None

@@ -1,0 +1,401 @@
+"""One plan per trainer: the root cause of its data wait, the setting to use (num_workers,
+prefetch_factor, thread limits), its predicted effect on steps/s, and the limit that capped
+it. Every finding that proposes a change takes it from here, so no two findings disagree.
+
+The choice is `loadertop tune`'s, on predicted instead of measured rates: among the settings
+that fit the trainer's CPUs, memory and /dev/shm, the cheapest whose predicted rate is within
+TOLERANCE of the best. Pure: Measured in, Plan out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from . import thresholds as T
+from .measure import Measured
+from .throughput import Prediction, Setting, Terms, predict, terms
+
+# Root causes, most fundamental first: the verdict names the first that holds.
+STALLED = "stalled"  # a hang: workers stopped or idle while the loop waits
+THREADS = "threads"  # the workers' thread pools oversubscribe the CPUs
+QUOTA = "quota"  # the trainer's CPU quota runs out
+BUSY_HOST = "busy_host"  # other processes take the trainer's CPUs
+TOO_MANY_WORKERS = "too_many_workers"  # its own workers ask for more CPUs than it has
+LOADER_CPU = "loader_cpu"  # input-bound: the workers compute
+LOADER_IO = "loader_io"  # input-bound: the workers wait on I/O
+LOADER = "loader"  # input-bound: the workers do both
+MAIN_LOADING = "main_loading"  # the main process loads (num_workers=0, collate, unpickling)
+RECEIVING = "receiving"  # the workers are ahead; the loop waits receiving their batches
+NONE = "none"
+UNKNOWN = "unknown"  # no data wait measured
+
+CAUSE_ORDER = (STALLED, THREADS, QUOTA, BUSY_HOST, TOO_MANY_WORKERS, LOADER_CPU, LOADER_IO, LOADER,
+               MAIN_LOADING, RECEIVING, NONE, UNKNOWN)
+INPUT_BOUND = (LOADER_CPU, LOADER_IO, LOADER)
+OVERSUBSCRIBED = (THREADS, QUOTA, BUSY_HOST, TOO_MANY_WORKERS)
+
+# What bounds the CPUs (measure.CpuBudget.limit), in the user's words.
+CPU_LIMITS = {
+    "cpus": "its {cpu_set} CPUs",
+    "quota": "its {cpus:g}-CPU quota",
+    "shared": "its share ({cpus:.1f}) of CPUs it shares with {shared} other DataLoader job(s)",
+    "busy_host": "the {cpus:.1f} CPUs other processes leave it",
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    cause: str
+    loader: str | None  # the dataset class of the loader the change is for
+    now: Setting
+    chosen: Setting
+    gain: float | None  # predicted change in steps/s (0.5: +50 %)
+    wait_now: float | None
+    wait_after: float | None  # predicted data wait with the chosen setting
+    limit: str | None  # what capped the chosen setting: a CPU limit, main_process, shm, memory, max_workers
+    thread_change: dict | None  # {"env": {...}} or {"DataLoader": {"worker_init_fn": ...}}
+    shm_size: str | None = None  # a --shm-size the trainer needs: its /dev/shm is nearly full
+    shm_for_more: str | None = None  # a --shm-size that would let a faster setting fit
+    bigger_budget: tuple[float, float] | None = None  # (CPUs, predicted gain) if the quota/host allowed more
+    evidence: dict = field(default_factory=dict, hash=False)
+    iterable: bool | None = None
+    cpus_text: str = ""
+
+    @property
+    def changes_workers(self) -> bool:
+        return (self.chosen.num_workers, self.chosen.prefetch_factor) != (self.now.num_workers,
+                                                                          self.now.prefetch_factor)
+
+    def change(self, *parts: str) -> dict | None:
+        """The slice of this plan's change that a finding carries: "workers" (num_workers,
+        prefetch_factor), "threads", "shm"."""
+        out: dict = {}
+        if "workers" in parts and self.changes_workers:
+            loader = {}
+            if self.chosen.num_workers != self.now.num_workers:
+                loader["num_workers"] = self.chosen.num_workers
+                if self.now.num_workers == 0:
+                    loader["persistent_workers"] = True
+            if self.chosen.prefetch_factor != self.now.prefetch_factor and self.chosen.num_workers > 0:
+                loader["prefetch_factor"] = self.chosen.prefetch_factor
+            out["DataLoader"] = loader
+            if self.loader:
+                out["dataset"] = self.loader
+        if "threads" in parts and self.thread_change:
+            for section, values in self.thread_change.items():
+                out.setdefault(section, {}).update(values)
+        if "shm" in parts and self.shm_size:
+            out["docker"] = {"shm_size": self.shm_size}
+        return out or None
+
+    def effect(self) -> str:
+        """'~+80% steps/s, data wait ~75% -> ~10%'."""
+        if self.gain is None:
+            return ""
+        text = f"~{self.gain:+.0%} steps/s"
+        if self.wait_now is not None and self.wait_after is not None:
+            text += f", data wait ~{self.wait_now:.0%} -> ~{self.wait_after:.0%}"
+        return text
+
+    def sentence(self, parts: tuple[str, ...] = ("workers", "threads", "shm")) -> str:
+        """The change of `parts` in one line, with the plan's predicted effect and what
+        capped it; the plan's other parts are named as going with it."""
+        mine = self._texts(parts)
+        if not mine:
+            return ""
+        others = [t for t in self._texts(("workers", "threads", "shm")) if t not in mine]
+        text = " and ".join(mine)
+        if others:
+            text += f" (with {' and '.join(others)})"
+        if self.gain is not None:
+            text += f": {self.effect()}"
+        cap = self.cap_text()
+        return text + (f"; {cap}" if cap else "")
+
+    def _texts(self, parts: tuple[str, ...]) -> list[str]:
+        out = []
+        if "workers" in parts and self.changes_workers:
+            args = []
+            if self.chosen.num_workers != self.now.num_workers:
+                args.append(f"num_workers={self.now.num_workers} -> {self.chosen.num_workers}")
+                if self.now.num_workers == 0:
+                    args.append("persistent_workers=True")
+            if self.chosen.prefetch_factor != self.now.prefetch_factor and self.chosen.num_workers > 0:
+                args.append(f"prefetch_factor={self.now.prefetch_factor} -> {self.chosen.prefetch_factor}")
+            out.append(f"DataLoader({', '.join(args)})" + (f" for {self.loader}" if self.loader else ""))
+        if "threads" in parts and self.thread_change:
+            out.append(describe_threads(self.thread_change))
+        if "shm" in parts and self.shm_size:
+            out.append(f"--shm-size={self.shm_size}")
+        return out
+
+    def cap_text(self) -> str:
+        if self.limit in CPU_LIMITS:
+            return f"capped by {self.cpus_text}"
+        more = f" (--shm-size={self.shm_for_more} allows more)" if self.shm_for_more else ""
+        return {
+            "main_process": "more would not help: the loop itself is then the bottleneck",
+            "shm": f"capped by /dev/shm: batches in flight must fit{more}",
+            "memory": "capped by memory: each worker's private memory must fit",
+            "max_workers": "capped at the most workers loadertop proposes at once",
+        }.get(self.limit or "", "")
+
+    def as_dict(self) -> dict:
+        """The report's `plan` of a trainer."""
+        return {
+            "cause": self.cause,
+            "loader": self.loader,
+            "setting": {"num_workers": self.chosen.num_workers, "prefetch_factor": self.chosen.prefetch_factor,
+                        "threads_per_worker": self.chosen.threads_per_worker or None},
+            "current": {"num_workers": self.now.num_workers, "prefetch_factor": self.now.prefetch_factor},
+            "change": self.change("workers", "threads", "shm"),
+            "predicted_gain": None if self.gain is None else round(self.gain, 3),
+            "predicted_data_wait": None if self.wait_after is None else round(self.wait_after, 3),
+            "limit": self.limit,
+            "with_more_cpus": None if self.bigger_budget is None else
+            {"cpus": self.bigger_budget[0], "predicted_gain": round(self.bigger_budget[1], 3)},
+            "evidence": self.evidence,
+        }
+
+
+def describe_threads(change: dict) -> str:
+    env = change.get("env")
+    if env:
+        return " ".join(f"{k}={v}" for k, v in env.items())
+    init = (change.get("DataLoader") or {}).get("worker_init_fn")
+    return f"DataLoader(worker_init_fn={init})" if init else ""
+
+
+# --- deciding --------------------------------------------------------------------------------
+
+
+def _cause(m: Measured, t: Terms | None, hung: bool) -> str:
+    lw = m.loader
+    if hung or (lw is not None and lw.stopped):
+        return STALLED
+    if lw is not None and _pools_oversubscribe(m):
+        return THREADS
+    budget = m.budget
+    if budget.limit == "quota" and (budget.throttled or 0.0) >= T.THROTTLED_SHARE:
+        return QUOTA
+    if lw is not None and _starved(m):
+        if budget.limit == "busy_host":
+            return BUSY_HOST
+        return TOO_MANY_WORKERS if budget.limit != "quota" else QUOTA
+    if t is None:
+        return UNKNOWN
+    if m.wait is not None and m.wait < T.DATA_WAIT_WARNING:
+        return NONE
+    if t.n == 0 or (m.wait_main or 0.0) > (m.wait_workers or 0.0):
+        return MAIN_LOADING if t.n == 0 or not (lw and lw.ahead) else RECEIVING
+    if lw is not None and lw.ahead:
+        return RECEIVING
+    if t.loader_bound and lw is not None:
+        busy = lw.demand / max(1.0, lw.busy_threads or 1.0)
+        if busy >= T.WORKER_CPU_BOUND / 100.0:
+            return LOADER_CPU
+        if busy < T.WORKER_IO_BOUND / 100.0:
+            return LOADER_IO
+        return LOADER
+    return NONE
+
+
+def _pools_oversubscribe(m: Measured) -> bool:
+    """The workers run thread pools and their busy threads outnumber the trainer's CPUs."""
+    lw = m.loader
+    if lw is None or lw.busy_threads is None or lw.busy_threads < T.WORKER_BUSY_THREADS:
+        return False
+    return lw.num_workers * lw.busy_threads + m.main_busy_threads > m.budget.cpus + 0.5
+
+
+def _starved(m: Measured) -> bool:
+    """The workers wait for a CPU a real share of the time while the CPUs are taken: more
+    workers would only wait longer."""
+    lw = m.loader
+    if lw is None or lw.runqueue is None:
+        return False
+    threads = max(1.0, lw.busy_threads or 1.0)
+    return lw.runqueue / threads >= T.STARVED_RUNQUEUE_SHARE
+
+
+def _env_limit(m: Measured) -> dict:
+    """How to give each worker one thread: the environment where nothing set it yet and the
+    main process does not compute on several threads itself; else a worker_init_fn, which
+    also reaches pools that ignore OMP_NUM_THREADS (OpenCV, code that sets its own)."""
+    omp = m.env.get("OMP_NUM_THREADS")
+    pools = m.loader.thread_pools if m.loader else ()
+    unset = omp in (None, "") or (omp.isdigit() and int(omp) > 1)
+    if unset and m.main_busy_threads < T.WORKER_BUSY_THREADS:
+        return {"env": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}}
+    calls = ["torch.set_num_threads(1)"]
+    if "OpenCV" in pools:
+        calls.append("cv2.setNumThreads(0)")
+    if "OpenBLAS" in pools or "MKL" in pools:
+        calls.append("threadpoolctl.threadpool_limits(1)")
+    body = calls[0] if len(calls) == 1 else f"({', '.join(calls)})"
+    return {"DataLoader": {"worker_init_fn": f"lambda _: {body}"}}
+
+
+def _batch_bytes(m: Measured) -> float | None:
+    lw = m.loader
+    if lw is None or lw.num_workers == 0:
+        return None
+    if lw.batch_bytes:
+        return float(lw.batch_bytes)
+    in_flight = lw.num_workers * lw.prefetch_factor
+    if m.shm_torch:
+        return m.shm_torch / in_flight
+    if m.shm_peak and m.shm_total and m.shm_peak >= 0.5 * m.shm_total:
+        return m.shm_peak / in_flight  # most of it is in flight: an upper bound
+    return None
+
+
+def _fits(m: Measured, s: Setting, batch: float | None) -> str | None:
+    """None when the setting fits the trainer's memory and /dev/shm, else which it overflows."""
+    lw = m.loader
+    extra = s.num_workers - (lw.num_workers if lw else 0)
+    if (extra > 0 and lw is not None and lw.uss_bytes and m.memory_available is not None
+            and extra * lw.uss_bytes > T.MEMORY_LIMIT * m.memory_available):
+        return "memory"
+    if batch and m.shm_total:
+        others = max(0.0, (m.shm_peak or 0) - (m.shm_torch or 0))
+        if batch * s.num_workers * s.prefetch_factor > T.SHM_LIMIT * m.shm_total - others:
+            return "shm"
+    return None
+
+
+def _shm_wanted(m: Measured, t: Terms, now: Setting, cause: str, chosen: Prediction, current: Prediction,
+                batch: float | None, refused: bool) -> str | None:
+    """A --shm-size for a /dev/shm that is nearly full now, or that refused a faster setting:
+    room for the fastest setting's batches in flight, and at least twice the peak seen."""
+    pressure = bool(m.shm_total and m.shm_peak and m.shm_peak >= T.SHM_WARNING * m.shm_total)
+    if not pressure and not (refused and batch):
+        return None
+    need = 2.0 * (m.shm_peak or 0)
+    if batch:
+        wanted = max((predict(t, s) for s in _candidates(m, t, now, cause)), key=lambda p: p.relative(current))
+        faster = wanted.relative(current) > chosen.relative(current) * (1 + T.MIN_GAIN)
+        if not pressure and not faster:
+            return None
+        settings = [wanted.setting] if faster else [chosen.setting, now]
+        target = max(settings, key=lambda s: s.num_workers * s.prefetch_factor)
+        others = max(0.0, (m.shm_peak or 0) - (m.shm_torch or 0))
+        need = max(need, (batch * target.num_workers * target.prefetch_factor + others) / T.SHM_LIMIT)
+    return size_flag(need)
+
+
+def size_flag(nbytes: float) -> str:
+    """A Docker --shm-size value at least nbytes: whole GiB, or a multiple of 64 MiB."""
+    gib = 2**30
+    if nbytes >= gib:
+        return f"{math.ceil(nbytes / gib)}g"
+    return f"{max(64, 64 * math.ceil(nbytes / 2**20 / 64))}m"
+
+
+def _candidates(m: Measured, t: Terms, now: Setting, cause: str) -> list[Setting]:
+    threads = [0]
+    if cause == THREADS:
+        threads = [1]
+    top = max(now.num_workers, min(T.MAX_WORKERS, math.ceil(T.IO_WORKERS_PER_CPU * max(1.0, m.budget.cpus))))
+    if cause in OVERSUBSCRIBED or _starved(m):
+        top = now.num_workers  # never more workers for CPU-starved or throttled ones
+    workers = range(0 if now.num_workers == 0 else 1, top + 1)
+    prefetch = sorted({now.prefetch_factor, *range(1, now.prefetch_factor)})
+    return [Setting(n, k, p if n else now.prefetch_factor) for n in workers for k in threads for p in prefetch]
+
+
+def make_plan(m: Measured, hung: bool = False) -> Plan:
+    lw = m.loader
+    now = Setting(m.num_workers, 0, lw.prefetch_factor if lw else T.DEFAULT_PREFETCH)
+    t = terms(m)
+    cause = _cause(m, t, hung)
+    budget = m.budget
+    cpus_text = CPU_LIMITS.get(budget.limit, "its CPUs").format(cpus=round(budget.cpus, 1), cpu_set=budget.cpu_set,
+                                                                shared=budget.shared_with)
+    evidence = {"cause": cause, "cpus": round(budget.cpus, 2), "cpu_limit": budget.limit,
+                "cpu_set": budget.cpu_set, "cpu_quota": budget.quota,
+                "other_processes_cpus": round(budget.others_busy, 2),
+                "trainer_cpus_used": None if budget.used is None else round(budget.used, 2),
+                "throttled_fraction": budget.throttled}
+    thread_change = _env_limit(m) if cause == THREADS else None
+    base = dict(cause=cause, loader=lw.dataset_class if lw else None, now=now, wait_now=m.wait,
+                thread_change=thread_change, evidence=evidence, iterable=m.iterable, cpus_text=cpus_text)
+    if cause in (STALLED, UNKNOWN) or t is None:
+        pressure = bool(m.shm_total and m.shm_peak and m.shm_peak >= T.SHM_WARNING * m.shm_total)
+        return Plan(chosen=_without_data_wait(m, now, cause), gain=None, wait_after=None, limit=None,
+                    shm_size=size_flag(2.0 * (m.shm_peak or 0)) if pressure else None,
+                    **{**base, "thread_change": thread_change if t is None and cause != STALLED else None})
+    batch = _batch_bytes(m)
+    current = predict(t, now)
+    options: list[Prediction] = []
+    refused: dict[str, list[Prediction]] = {}
+    for s in _candidates(m, t, now, cause):
+        why = _fits(m, s, batch)
+        if why is None:
+            options.append(predict(t, s))
+        else:
+            refused.setdefault(why, []).append(predict(t, s))
+
+    def cost(p: Prediction) -> tuple:
+        # Fewer workers, then fewer threads, then prefetch as it is (a change for nothing
+        # is a cost), then a shallower one.
+        s = p.setting
+        return (s.num_workers, s.threads_per_worker or 99, s.prefetch_factor != now.prefetch_factor,
+                s.prefetch_factor)
+
+    best = max(options or [current], key=lambda p: p.relative(current))
+    good = [p for p in options or [current] if p.relative(current) >= (1 - T.TOLERANCE) * best.relative(current)]
+    chosen = min(good, key=cost)
+    now_fits = _fits(m, now, batch) is None
+    cheaper = cost(chosen) < cost(current)
+    if chosen.setting != now and chosen.gain_over(current) < T.MIN_GAIN:
+        # Not worth a restart for speed; cheaper only for a cost reason, and at no real loss.
+        reason = cause in (THREADS, TOO_MANY_WORKERS) or not now_fits
+        if not (cheaper and reason and chosen.gain_over(current) >= -T.MAX_LOSS) and now_fits:
+            chosen = current
+    if cause == THREADS and chosen.setting.threads_per_worker != 1:
+        chosen = predict(t, Setting(chosen.setting.num_workers, 1, chosen.setting.prefetch_factor))
+    limit = _limit(m, t, chosen, current, refused, budget.limit)
+    shm_size = _shm_wanted(m, t, now, cause, chosen, current, batch, bool(refused.get("shm")))
+    pressure = bool(m.shm_total and m.shm_peak and m.shm_peak >= T.SHM_WARNING * m.shm_total)
+    bigger = None
+    if budget.limit in ("quota", "busy_host") and cause in (QUOTA, BUSY_HOST, *INPUT_BOUND):
+        more = max(budget.cpus * 2, budget.cpus + 1)
+        gain = predict(t, chosen.setting, cpus=more).gain_over(current)
+        if gain >= T.MIN_GAIN:
+            bigger = (more, gain)
+    gain = chosen.gain_over(current)
+    wait_after = max(0.0, 1.0 - (1.0 - (m.wait or 0.0)) * chosen.relative(current)) if m.wait is not None else None
+    if chosen.setting == now and not thread_change:
+        gain = None if cause in INPUT_BOUND or cause == MAIN_LOADING else 0.0
+        wait_after = m.wait
+    return Plan(chosen=chosen.setting, gain=gain, wait_after=wait_after, limit=limit,
+                shm_size=shm_size if pressure else None, shm_for_more=shm_size, bigger_budget=bigger, **base)
+
+
+def _without_data_wait(m: Measured, now: Setting, cause: str) -> Setting:
+    """With no data wait to predict from, only a cost rule: workers that oversubscribe their
+    CPUs shrink to what the CPUs run beside the main process (Lightning's `CPUs - 1` rule,
+    counting what the main process really uses)."""
+    if cause not in (THREADS, TOO_MANY_WORKERS) or now.num_workers == 0:
+        return now
+    fit = max(1, round(m.budget.cpus - (m.main_cpu if m.main_cpu is not None else 1.0)))
+    return Setting(min(now.num_workers, fit), 1 if cause == THREADS else 0, now.prefetch_factor)
+
+
+def _limit(m: Measured, t: Terms, chosen: Prediction, current: Prediction, refused: dict[str, list[Prediction]],
+           cpu_limit: str) -> str | None:
+    """What stopped the plan from going further: /dev/shm or memory if they refused a setting
+    predicted to be faster, else the bound the chosen setting runs into."""
+    for why in ("shm", "memory"):
+        if any(p.relative(current) > chosen.relative(current) * (1 + T.MIN_GAIN) for p in refused.get(why, ())):
+            return why
+    if chosen.bound == "cpus":
+        return cpu_limit
+    if chosen.bound == "main_process":
+        return "main_process"
+    top = min(T.MAX_WORKERS, math.ceil(T.IO_WORKERS_PER_CPU * max(1.0, m.budget.cpus)))
+    if chosen.setting.num_workers >= top:
+        return "max_workers"
+    return None

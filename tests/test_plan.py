@@ -1,0 +1,289 @@
+"""The throughput model and the one plan per trainer, on synthetic histories: the cases that
+were once advised wrong, then properties over many random histories (hypothesis): never
+more workers for starved ones or past /dev/shm and memory, findings that always agree, and
+no HEALTHY verdict on a loop that waits for data."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from synth import T0, TRAINER, data_wait, gpu, host, process, replace, snapshot, story, trainer
+
+from loadertop.model import DataWait, LoaderConfig, ShmSnapshot
+from loadertop.rules import diagnose_with_plans
+from loadertop.rules import thresholds as T
+from loadertop.rules.throughput import Setting, predict, softmin, terms
+from loadertop.verdict import verdict
+
+pytestmark = pytest.mark.unit
+
+
+def plan_of(history, pid=TRAINER):
+    findings, plans = diagnose_with_plans(history)
+    return findings, next(p for (p_pid, _), p in plans.items() if p_pid == pid)
+
+
+def changes(findings, pid=TRAINER) -> dict:
+    """Every finding's change merged; a key proposed with two values fails the test."""
+    merged: dict = {}
+    for f in findings:
+        if f.trainer_pid != pid or not f.change:
+            continue
+        for section, values in f.change.items():
+            if not isinstance(values, dict):
+                assert merged.setdefault(section, values) == values, (f.id, section)
+                continue
+            for k, v in values.items():
+                assert merged.setdefault(section, {}).setdefault(k, v) == v, (f.id, section, k)
+    return merged
+
+
+def busy(t, runqueue=0.0, **kw):
+    return replace(t, workers=tuple(replace(w, runqueue_wait_s_per_s=runqueue, **kw) for w in t.workers))
+
+
+# --- the model ---------------------------------------------------------------------------
+
+
+def test_softmin_sits_below_the_tightest_bound_and_near_it_when_the_others_are_far():
+    assert softmin(1.0, 100.0) == pytest.approx(1.0, rel=1e-6)
+    assert softmin(1.0, 1.0) < 0.9  # at a knee, both sides wait for each other
+    assert softmin(2.0, 1.0, 3.0) < 1.0
+
+
+def test_the_model_reproduces_the_current_rate_direction():
+    # One CPU-bound worker on 2 free CPUs: a second worker is predicted to help, a third
+    # less, a tenth nothing more.
+    h = story(30, lambda t: snapshot(t, [trainer(workers=1, worker_cpu=95.0, wait=0.8, usable=2, cpu_set=(0, 1),
+                                                 main=process(TRAINER, 10.0))], host(2, cpu=50.0)))
+    _, plan = plan_of(h)
+    from loadertop.rules.base import Context
+
+    ctx = Context(h[-1], h[-1].trainers[0], h)
+    t = terms(ctx.measured)
+    rates = [predict(t, Setting(n, 0, 2)).rate for n in (1, 2, 3, 10)]
+    assert rates[0] < rates[1] < rates[2] <= rates[3] * 1.001
+    assert rates[3] / rates[0] < 2.2  # two CPUs: about twice as fast at most
+
+
+# --- cases once advised wrong -------------------------------------------------------------
+
+
+def test_lightning_shape_one_worker_and_a_light_main_process_gets_more_workers():
+    # Issue item 1: 1 worker at 95%, the main process at 27% (10 ms of CPU a step), 77% data
+    # wait on 2 CPUs. More workers help (measured +52% with 2, +68% with 3).
+    h = story(30, lambda t: snapshot(t, [trainer(workers=1, worker_cpu=95.0, wait=0.77, usable=2, cpu_set=(0, 1),
+                                                 cpus_busy=1.25, main=process(TRAINER, 27.0))], host(2, cpu=62.0)))
+    findings, plan = plan_of(h)
+    assert plan.cause == "loader_cpu"
+    assert changes(findings)["DataLoader"]["num_workers"] in (2, 3)
+    assert 0.3 <= plan.gain <= 1.0
+    assert "more workers will not help" not in " ".join(f.suggestion for f in findings)
+
+
+def test_quota_throttled_workers_are_not_waiting_on_io_and_get_no_more():
+    # Issue item 2: a 1-CPU quota, 3 CPU-bound workers at 25% each, throttled.
+    def make(t):
+        tr = trainer(workers=3, worker_cpu=25.0, wait=0.75, usable=1, cpu_set=(0, 1), cpu_quota=1.0, cpus_busy=1.0,
+                     throttled_fraction=0.9, main=process(TRAINER, 20.0, runqueue_wait_s_per_s=0.3))
+        return snapshot(t, [busy(tr, 0.7)], host(2, cpu=50.0))
+
+    findings, plan = plan_of(story(30, make))
+    assert plan.cause == "quota" and plan.limit == "quota"
+    assert changes(findings) == {}
+    text = " ".join(f.suggestion + f.title for f in findings)
+    assert "I/O" not in text and "quota" in text
+    assert verdict(make(29).trainers[0], findings)[0] == "THROTTLED"
+    assert plan.bigger_budget is not None and plan.bigger_budget[0] == 2
+
+
+def test_busy_host_starved_workers_get_no_more():
+    # Issue item 3: other processes take the CPUs; 2 CPU-bound workers get 40% each.
+    def make(t):
+        tr = trainer(workers=2, worker_cpu=40.0, wait=0.6, usable=2, cpu_set=(0, 1), cpus_busy=2.0,
+                     main=process(TRAINER, 10.0))
+        return snapshot(t, [busy(tr, 0.5)], host(2, cpu=100.0))
+
+    findings, plan = plan_of(story(30, make))
+    assert plan.cause == "busy_host" and changes(findings) == {}
+    assert "I/O" not in " ".join(f.suggestion for f in findings)
+    assert verdict(make(29).trainers[0], findings)[0] == "BUSY HOST"
+
+
+def test_stopped_workers_are_a_hang_within_ten_seconds():
+    # Issue item 4: SIGSTOPped workers, one 10 s py-spy window at ~100% wait.
+    def make(t):
+        tr = busy(trainer(workers=2, worker_cpu=0.0, wait=data_wait(0.99, stalled=10.0, window=10.0), usable=2),
+                  status="stopped", ctx_switches_voluntary_per_s=0.0, ctx_switches_involuntary_per_s=0.0)
+        return snapshot(t, [tr], host(2, cpu=5.0))
+
+    findings, plan = plan_of(story(11, make))
+    assert [f.id for f in findings] == ["loader_stalled"]
+    assert changes(findings) == {} and plan.cause == "stalled"
+    assert verdict(make(10).trainers[0], findings)[0] == "STALLED"
+
+
+def test_ranks_pinned_to_their_own_cpus_do_not_share_them():
+    # Issue item 7: 8 torchrun ranks, each pinned to 8 of 64 CPUs, 10 workers each.
+    def make(t):
+        ranks = [busy(trainer(workers=10, worker_cpu=75.0, wait=0.4, usable=8, pid=4000 + 100 * k,
+                              cpu_set=tuple(range(8 * k, 8 * k + 8)), cpus_busy=8.0,
+                              main=process(4000 + 100 * k, 30.0)), 0.25) for k in range(8)]
+        return snapshot(t, ranks, host(64, cpu=95.0))
+
+    findings, plan = plan_of(story(30, make))
+    assert plan.evidence["cpus"] >= 7.5 and plan.evidence["cpu_set"] == 8
+    assert plan.chosen.num_workers >= 8  # not "10 -> 1"
+
+
+def test_a_small_dev_shm_caps_more_workers_and_prefetch():
+    # Issue item 7: /dev/shm at 75% of Docker's 64 MB, 4 CPU-bound workers, CPUs free.
+    def make(t):
+        return snapshot(t, [trainer(workers=4, worker_cpu=97.0, wait=0.5, usable=16, cpu_set=tuple(range(16)),
+                                    cpus_busy=4.5, shm=ShmSnapshot("/dev/shm", 64 << 20, 48 << 20, 46 << 20),
+                                    main=process(TRAINER, 20.0))], host(16, cpu=30.0))
+
+    findings, plan = plan_of(story(30, make))
+    batch = (46 << 20) / 8
+    s = plan.chosen
+    assert batch * s.num_workers * s.prefetch_factor <= T.SHM_LIMIT * (64 << 20)
+    assert plan.limit == "shm" and plan.shm_for_more
+    assert "--shm-size=" in " ".join(f.suggestion for f in findings)
+
+
+def test_train_and_validation_loaders_are_told_apart():
+    # Issue item 7: a validation loader's persistent workers idle beside the busy training
+    # ones; averaged together they looked I/O-bound.
+    def make(t):
+        tr = trainer(workers=2, worker_cpu=97.0, wait=0.6, usable=8, cpu_set=tuple(range(8)))
+        val = tuple(process(TRAINER + 10 + i, 0.5, started_at=T0 - 50, worker_id=i) for i in range(2))
+        loaders = (LoaderConfig("TrainSet", 2, True, tuple(w.pid for w in tr.workers)),
+                   LoaderConfig("ValSet", 2, True, tuple(w.pid for w in val)))
+        return snapshot(t, [replace(tr, workers=tr.workers + val, loaders=loaders)], host(8, cpu=30.0))
+
+    findings, plan = plan_of(story(30, make))
+    assert plan.cause == "loader_cpu" and plan.loader == "TrainSet"
+    change = changes(findings)
+    assert change["dataset"] == "TrainSet" and change["DataLoader"]["num_workers"] > 2
+    assert "for TrainSet" in " ".join(f.suggestion for f in findings)
+
+
+def test_workers_with_thread_pools_on_many_cpus_are_sized_by_their_cpu():
+    # Issue item 7: workers at 300% CPU on 64 CPUs were told "2 -> 58".
+    def make(t):
+        tr = busy(trainer(workers=2, worker_cpu=300.0, wait=0.6, usable=64, cpu_set=tuple(range(64)), cpus_busy=6.5,
+                          main=process(TRAINER, 20.0)), busy_threads=3)
+        return snapshot(t, [tr], host(64, cpu=10.0))
+
+    findings, plan = plan_of(story(30, make))
+    assert plan.chosen.num_workers > 2 and plan.chosen.num_workers * 3 <= 64
+
+
+def test_num_workers_0_with_the_hook_is_not_healthy():
+    # Issue item 7: the hook's 70% wait with num_workers=0 was called HEALTHY.
+    hook = DataWait(0.7, None, None, (), 500, 30.0, 0.0, source="hook", steps_per_s=12.0)
+
+    def make(t):
+        return snapshot(t, [trainer(workers=0, wait=hook, usable=8, cpu_set=tuple(range(8)),
+                                    main=process(TRAINER, 95.0))], host(8, cpu=12.0))
+
+    findings, plan = plan_of(story(30, make))
+    assert [f.id for f in findings] == ["main_process_bound"]
+    assert changes(findings)["DataLoader"]["num_workers"] > 0
+    assert verdict(make(29).trainers[0], findings)[0].startswith("INPUT-BOUND")
+
+
+def test_an_iterable_dataset_is_told_to_shard():
+    hook = DataWait(0.7, None, None, (), 500, 30.0, 0.0, source="hook", iterable=True)
+    h = story(30, lambda t: snapshot(t, [trainer(workers=0, wait=hook, usable=8, main=process(TRAINER, 95.0))]))
+    findings, _ = plan_of(h)
+    assert "get_worker_info()" in findings[0].suggestion
+
+
+def test_findings_that_propose_workers_agree():
+    # Issue item 7: input_bound said 1 -> 2 and cpu_oversubscribed 2 -> 1 in one report.
+    def make(t):
+        tr = busy(trainer(workers=3, worker_cpu=60.0, wait=0.5, usable=2, cpu_set=(0, 1), cpus_busy=2.0,
+                          main=process(TRAINER, 30.0)), 0.6, busy_threads=2)
+        return snapshot(t, [tr], host(2, cpu=100.0))
+
+    findings, plan = plan_of(story(30, make))
+    assert len([f for f in findings if f.change]) >= 2
+    changes(findings)  # no key proposed twice with different values
+
+
+def test_gpu_evidence_through_the_plan():
+    h = story(30, lambda t: snapshot(t, [trainer(workers=1, worker_cpu=97.0, wait=0.6, gpus=(0,),
+                                                 pin_memory_thread=True)], host(cpu=20.0), gpus=[gpu(util=25.0)]))
+    _, plan = plan_of(h)
+    assert plan.gain and plan.gain > 0
+
+
+# --- properties over random histories ------------------------------------------------------
+
+
+@st.composite
+def situations(draw):
+    cpus = draw(st.sampled_from([1, 2, 4, 8, 16, 64]))
+    n = draw(st.integers(0, 16))
+    worker_cpu = draw(st.floats(0.0, 300.0))
+    runqueue = draw(st.floats(0.0, 1.5))
+    threads = draw(st.sampled_from([1, 1, 2, 4, 8]))
+    wait = draw(st.floats(0.0, 1.0))
+    main_share = draw(st.floats(0.0, 1.0))
+    samples = draw(st.sampled_from([50, 300, 10**6]))
+    quota = draw(st.one_of(st.none(), st.sampled_from([0.5, 1.0, 2.0])))
+    throttled = draw(st.floats(0.0, 1.0)) if quota else None
+    busy_share = draw(st.floats(0.0, 1.0))
+    shm_used = draw(st.floats(0.0, 0.99))
+    uss = draw(st.sampled_from([20 << 20, 1 << 30, 8 << 30]))
+    available = draw(st.sampled_from([512 << 20, 8 << 30, 64 << 30]))
+    omp = draw(st.sampled_from([None, "1", "4"]))
+    ahead = draw(st.booleans())
+    main_cpu = draw(st.floats(0.0, 200.0))
+    hook = draw(st.booleans())
+    util = draw(st.one_of(st.none(), st.floats(0.0, 100.0)))
+
+    dw = (DataWait(wait, None, None, (), 1000, 30.0, 0.0, source="hook") if hook
+          else data_wait(wait, main=wait * main_share, samples=samples))
+    tr = trainer(workers=n, worker_cpu=worker_cpu, wait=dw, usable=min(cpus, int(quota or cpus) or 1),
+                 cpu_set=tuple(range(cpus)), cpu_quota=quota, throttled_fraction=throttled,
+                 cpus_busy=cpus * busy_share, env=(("OMP_NUM_THREADS", omp),) if omp else (),
+                 main=process(TRAINER, main_cpu, runqueue_wait_s_per_s=runqueue / 2),
+                 shm=ShmSnapshot("/dev/shm", 64 << 20, int(shm_used * (64 << 20)), int(shm_used * (60 << 20))),
+                 gpus=(0,) if util is not None else ())
+    tr = busy(tr, runqueue, busy_threads=threads, uss_bytes=uss,
+              doing="waiting for indices" if ahead else "D.__getitem__ (d.py:9)", doing_at=T0 + 29)
+    snap = [snapshot(t, [tr], host(cpus, cpu=100.0 * busy_share, mem_available_bytes=available),
+                     gpus=[gpu(util=util)] if util is not None else []) for t in range(30)]
+    return snap, dict(n=n, worker_cpu=worker_cpu, runqueue=runqueue, threads=threads, quota=quota,
+                      throttled=throttled, shm_used=shm_used, uss=uss, available=available, wait=wait)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(situations())
+def test_properties_of_every_plan(situation):
+    history, s = situation
+    findings, plans = diagnose_with_plans(history)
+    merged = changes(findings)  # 1. no two findings disagree
+    plan = next(iter(plans.values()))
+    for f in findings:  # 2. each change is a slice of the one plan
+        if f.parts:
+            assert f.change == plan.change(*f.parts)
+    loader = merged.get("DataLoader", {})
+    workers = loader.get("num_workers", s["n"])
+    prefetch = loader.get("prefetch_factor", 2)
+    starved = s["runqueue"] / max(1, s["threads"]) >= T.STARVED_RUNQUEUE_SHARE and s["n"] > 0
+    throttled = (s["throttled"] or 0.0) >= T.THROTTLED_SHARE
+    # 3. never more workers or prefetch for CPU-starved or throttled workers...
+    if s["n"] and (starved or throttled):
+        assert workers <= s["n"] and prefetch <= 2, (plan.cause, merged)
+    # ...nor past /dev/shm or the memory there is.
+    if s["n"] and s["shm_used"] >= T.SHM_LIMIT:
+        assert workers * prefetch <= s["n"] * 2, merged
+    if s["n"] and workers > s["n"]:
+        assert (workers - s["n"]) * s["uss"] <= T.MEMORY_LIMIT * s["available"]
+    # 4. never HEALTHY at >= 20% data wait, decided or not.
+    if s["wait"] >= T.DATA_WAIT_CRITICAL:
+        assert verdict(history[-1].trainers[0], findings)[0] != "HEALTHY"
