@@ -361,6 +361,26 @@ def _megabytes(flag: str) -> int:
 # --- the matrix ---------------------------------------------------------------------------
 
 
+def _ratios(results: dict[Setting, Measured], s: Setting, base: Setting) -> list[float]:
+    """s against base, round by round: the machine's speed drifts between rounds (other
+    tenants), and a ratio measured minutes apart within one round drifts much less."""
+    return [a / b for a, b in zip(results[s].rates, results[base].rates, strict=True) if b > 0]
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _same_as(a: list[float], b: list[float]) -> bool:
+    """Two settings' per-round ratios are indistinguishable: their mean difference is within
+    two standard errors (tune's rule)."""
+    diffs = [x - y for x, y in zip(a, b, strict=False)]
+    if len(diffs) < 2:
+        return False
+    se = statistics.stdev(diffs) / len(diffs) ** 0.5
+    return abs(statistics.fmean(diffs)) <= 2 * se
+
+
 def run_case(case: Case, args) -> dict:
     print(f"== {case.name}: {case.what}", flush=True)
     report, rate_watched = advise(case, args)
@@ -377,31 +397,35 @@ def run_case(case: Case, args) -> dict:
     advised = apply(case.start, change)
     static = replace(case.start, workers=CPUS)
     lightning = replace(case.start, workers=max(1, case.affinity // case.local_world_size - 1))
-    settings = dict.fromkeys([case.start, advised, static, lightning, *case.grid])
-    results: dict[Setting, Measured] = {}
+    settings = list(dict.fromkeys([case.start, advised, static, lightning, *case.grid]))
+    results: dict[Setting, Measured] = {s: Measured(s) for s in settings}
     for rnd in range(args.repeats):
-        for s in settings:
+        # Each round in another order, so that a drift within rounds favours no setting.
+        for s in settings[rnd % len(settings):] + settings[: rnd % len(settings)]:
             m = measure(case, s, args)
-            results.setdefault(s, Measured(s)).rates.extend(m.rates)
+            results[s].rates.extend(m.rates)
             results[s].error = results[s].error or m.error
             print(f"   [{rnd + 1}] {s.label():<40} {m.rate or 0:8.2f} steps/s {m.error or ''}", flush=True)
-    grid = [results[s] for s in case.grid]
-    best = max(grid, key=lambda m: m.rate or 0.0)
-
-    def rate(s: Setting) -> float | None:
-        return results[s].rate
-
-    before = rate(case.start) or 0.0
-    after = rate(advised) or 0.0
+    ratio = {s: _ratios(results, s, case.start) for s in settings}
+    median = {s: _median(ratio[s]) or 0.0 for s in settings}
+    best = max(case.grid, key=lambda s: median[s])
+    gain = median[advised] - 1.0
+    predicted = row["predicted_gain"] or 0.0
     row.update({
-        "advised": advised.label(), "before": before, "after": after,
-        "best": best.rate, "best_setting": best.setting.label(),
-        "static": rate(static), "static_setting": static.label(),
-        "lightning": rate(lightning), "lightning_setting": lightning.label(),
-        "measured_gain": after / before - 1 if before else None,
-        "share_of_best": after / best.rate if best.rate else None,
-        "grid": {m.setting.label(): m.rate for m in grid},
-        "errors": {m.setting.label(): m.error for m in results.values() if m.error},
+        "advised": advised.label(), "before": results[case.start].rate, "after": results[advised].rate,
+        "after_ratio": median[advised], "best_ratio": median[best], "best_setting": best.label(),
+        "static_ratio": median[static], "static_setting": static.label(),
+        "lightning_ratio": median[lightning], "lightning_setting": lightning.label(),
+        "measured_gain": gain,
+        "share_of_best": median[advised] / median[best] if median[best] else None,
+        "same_as_best": advised == best or _same_as(ratio[advised], ratio[best]),
+        "never_slower": median[advised] >= 1.0 or _same_as(ratio[advised], [1.0] * len(ratio[advised])),
+        # Within 30% of the measured gain, or 10 points where the gain is small (a gain of a
+        # few % is within the noise of one measurement).
+        "prediction_holds": abs(predicted - gain) <= max(0.3 * abs(gain), 0.10),
+        "grid": {s.label(): median[s] for s in case.grid},
+        "rates": {s.label(): results[s].rates for s in settings},
+        "errors": {s.label(): results[s].error for s in settings if results[s].error},
     })
     return row
 
@@ -412,20 +436,29 @@ def table(rows: list[dict]) -> str:
             return "n/a"
         return f"{x:+.0%}" if pct else f"{x:.2f}"
 
-    lines = ["| case | start | findings | advice | before | advice | best (setting) | static | lightning | "
-             "advice / best | predicted gain | measured gain |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    def mark(ok) -> str:
+        return "yes" if ok else "**no**"
+
+    lines = ["| case | start | findings | advice | steps/s before | advice × | best × (setting) | static × | "
+             "lightning × | advice / best | ≥ 90 % of best | never slower | predicted gain | measured gain | "
+             "prediction holds |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "before" not in r:
             lines.append(f"| {r['case']} | {r['start']} | {', '.join(r['findings'])} | "
                          f"{'no setting' if not r['proposed_setting'] else r['change']} | "
-                         f"{fmt(r['rate_watched'])} | - | - | - | - | - | - | - |")
+                         f"{fmt(r['rate_watched'])} | - | - | - | - | - | - | - | - | - | - |")
             continue
+        share = r["share_of_best"]
         lines.append(
             f"| {r['case']} | {r['start']} | {', '.join(r['findings']) or '-'} | {r['advised']} | "
-            f"{fmt(r['before'])} | {fmt(r['after'])} | {fmt(r['best'])} ({r['best_setting']}) | "
-            f"{fmt(r['static'])} | {fmt(r['lightning'])} | {fmt(r['share_of_best'])} | "
-            f"{fmt(r['predicted_gain'], True)} | {fmt(r['measured_gain'], True)} |")
+            f"{fmt(r['before'])} | {fmt(r['after_ratio'])} | {fmt(r['best_ratio'])} ({r['best_setting']}) | "
+            f"{fmt(r['static_ratio'])} ({r['static_setting']}) | {fmt(r['lightning_ratio'])} "
+            f"({r['lightning_setting']}) | {fmt(share)} | "
+            f"{mark((share or 0) >= 0.9 or r['same_as_best'])}"
+            f"{' (within noise)' if (share or 0) < 0.9 and r['same_as_best'] else ''} | "
+            f"{mark(r['never_slower'])} | {fmt(r['predicted_gain'], True)} | {fmt(r['measured_gain'], True)} | "
+            f"{mark(r['prediction_holds'])} |")
     return "\n".join(lines)
 
 

@@ -15,6 +15,29 @@ def _num(x, fmt="{:.0f}") -> str:
     return "n/a" if x is None else fmt.format(x)
 
 
+def _cpus(t: dict) -> str:
+    quota = f", a {t['cpu_quota']:g}-CPU quota" if t.get("cpu_quota") else ""
+    return f"{_num(t['usable_cpus'])} usable CPUs{quota}"
+
+
+def _plan_line(t: dict) -> str:
+    """The one change to make and its predicted effect, or why there is none."""
+    plan = t.get("plan")
+    if not plan:
+        return ""
+    change = plan.get("change")
+    if not change:
+        return "No setting to change."
+    parts = []
+    for section, values in change.items():
+        if isinstance(values, dict):
+            parts.append(f"{section}({', '.join(f'{k}={v}' for k, v in values.items())})")
+    gain = plan.get("predicted_gain")
+    effect = f": predicted {gain:+.0%} steps/s" if gain is not None else ""
+    loader = f" for `{change['dataset']}`" if change.get("dataset") else ""
+    return f"Change `{' '.join(parts)}`{loader}{effect}."
+
+
 def render(report: dict) -> str:
     lines: list[str] = []
     host = report["host"]
@@ -22,8 +45,11 @@ def render(report: dict) -> str:
     lines.append("")
     lines.append(
         f"{report['created_at']} on `{host['hostname']}`, {report['duration_s']:.0f} s sampled, "
-        f"{host['cpu_count']} CPUs ({_num(host['usable_cpus'])} usable), load {host['load_avg'][0]:.2f}"
+        f"{host['cpu_count']} CPUs on the host, load {host['load_avg'][0]:.2f}"
     )
+    lines.append("")
+    for t in report["trainers"]:
+        lines.append(f"- **Trainer {t['pid']}: {t.get('verdict') or 'n/a'}**, {_cpus(t)}. {_plan_line(t)}")
     lines.append("")
     if report["findings"]:
         lines.append("## Findings")
@@ -54,7 +80,7 @@ def render(report: dict) -> str:
         if dw:
             lines.append(f"| of which blocked on workers / main-process work | "
                          f"{_pct(dw.get('worker_wait_fraction'))} / {_pct(dw.get('main_process_fraction'))} |")
-        lines.append(f"| usable CPUs | {_num(t['usable_cpus'])} |")
+        lines.append(f"| usable CPUs | {_cpus(t)} |")
         lines.append(f"| workers | {len(t['workers'])}, respawns {t['worker_respawns']} |")
         lines.append(f"| pin-memory thread | {t['pin_memory_thread']} |")
         if shm:

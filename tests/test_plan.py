@@ -48,7 +48,7 @@ def busy(t, runqueue=0.0, **kw):
 
 def test_softmin_sits_below_the_tightest_bound_and_near_it_when_the_others_are_far():
     assert softmin(1.0, 100.0) == pytest.approx(1.0, rel=1e-6)
-    assert softmin(1.0, 1.0) < 0.9  # at a knee, both sides wait for each other
+    assert softmin(1.0, 1.0) < 0.95  # at a knee, both sides wait for each other
     assert softmin(2.0, 1.0, 3.0) < 1.0
 
 
@@ -83,7 +83,8 @@ def test_lightning_shape_one_worker_and_a_light_main_process_gets_more_workers()
 
 
 def test_quota_throttled_workers_are_not_waiting_on_io_and_get_no_more():
-    # Issue item 2: a 1-CPU quota, 3 CPU-bound workers at 25% each, throttled.
+    # Issue item 2: a 1-CPU quota, 3 CPU-bound workers at 25% each, throttled. One worker
+    # keeps the quota busy as well as three (measured: as fast or a little faster).
     def make(t):
         tr = trainer(workers=3, worker_cpu=25.0, wait=0.75, usable=1, cpu_set=(0, 1), cpu_quota=1.0, cpus_busy=1.0,
                      throttled_fraction=0.9, main=process(TRAINER, 20.0, runqueue_wait_s_per_s=0.3))
@@ -91,7 +92,8 @@ def test_quota_throttled_workers_are_not_waiting_on_io_and_get_no_more():
 
     findings, plan = plan_of(story(30, make))
     assert plan.cause == "quota" and plan.limit == "quota"
-    assert changes(findings) == {}
+    assert changes(findings) == {"DataLoader": {"num_workers": 1}, "dataset": "D"}
+    assert "fewer workers" in plan.sentence()
     text = " ".join(f.suggestion + f.title for f in findings)
     assert "I/O" not in text and "quota" in text
     assert verdict(make(29).trainers[0], findings)[0] == "THROTTLED"

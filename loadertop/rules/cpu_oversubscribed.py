@@ -21,6 +21,8 @@ def check(ctx: Context) -> Check:
         return FINE  # other DataLoader jobs share the CPUs: too_many_workers says how to split them
     if plan.cause not in P.OVERSUBSCRIBED:
         return FINE
+    if plan.cause == P.TOO_MANY_WORKERS and plan.change("workers") is None:
+        return FINE  # its own workers keep its CPUs busy: saturated, which input_bound says, not a fault
     runqueue = sum(waits)
     throttled = budget.throttled or 0.0
     if runqueue < T.RUNQUEUE_WAIT_WARNING and throttled < T.THROTTLED_SHARE:

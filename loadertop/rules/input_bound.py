@@ -83,5 +83,5 @@ def _why(ctx: Context) -> str:
     if plan.cause == P.THREADS:
         return f"the workers run thread pools ({lw.busy_threads or 0:.1f} busy threads each) on too few CPUs"
     if plan.cause == P.TOO_MANY_WORKERS:
-        return f"the workers get {cpu} CPU each: they wait their turn for the CPUs"
+        return f"the workers ({cpu} CPU each) and the loop keep the trainer's CPUs busy"
     return f"the workers are busy ({cpu} CPU each{doing})"

@@ -90,9 +90,12 @@ class Plan:
         return out or None
 
     def effect(self) -> str:
-        """'~+80% steps/s, data wait ~75% -> ~10%'."""
+        """'~+80% steps/s, data wait ~75% -> ~10%'; or what a cheaper setting saves."""
         if self.gain is None:
             return ""
+        fewer = self.now.num_workers - self.chosen.num_workers
+        if abs(self.gain) < T.MIN_GAIN and fewer > 0:
+            return f"about the same steps/s with {fewer} fewer worker{'s' if fewer > 1 else ''} to feed and switch"
         text = f"~{self.gain:+.0%} steps/s"
         if self.wait_now is not None and self.wait_after is not None:
             text += f", data wait ~{self.wait_now:.0%} -> ~{self.wait_after:.0%}"
@@ -351,7 +354,9 @@ def make_plan(m: Measured, hung: bool = False) -> Plan:
     cheaper = cost(chosen) < cost(current)
     if chosen.setting != now and chosen.gain_over(current) < T.MIN_GAIN:
         # Not worth a restart for speed; cheaper only for a cost reason, and at no real loss.
-        reason = cause in (THREADS, TOO_MANY_WORKERS) or not now_fits
+        # A quota or its own workers keep the CPUs queued: fewer workers that still fill them
+        # cost nothing and switch less. Not on a busy host: there the share would shrink.
+        reason = cause in (THREADS, TOO_MANY_WORKERS, QUOTA) or not now_fits
         if not (cheaper and reason and chosen.gain_over(current) >= -T.MAX_LOSS) and now_fits:
             chosen = current
     if cause == THREADS and chosen.setting.threads_per_worker != 1:

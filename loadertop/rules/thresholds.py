@@ -80,7 +80,7 @@ CLEAR_S = 20.0
 # Sharpness of the soft minimum of the model's bounds: near a knee, where two bounds are
 # close, workers and the loop wait for each other and the real rate falls below both.
 # Fitted on bench/advice.py's jobs (docs/BENCHMARKS.md).
-SOFTMIN_P = 4.0
+SOFTMIN_P = 8.0
 # A plan takes the cheapest setting whose predicted rate is within this share of the best
 # prediction, as `loadertop tune` does with measured rates.
 TOLERANCE = 0.05
@@ -90,8 +90,12 @@ MIN_GAIN = 0.05
 # Fewer workers or threads, for a cost reason (oversubscription, memory, /dev/shm), only
 # where the model predicts no more than this loss.
 MAX_LOSS = 0.02
-# What receiving a batch from a worker costs the main process, as a share of loading it.
-RECEIVE_SHARE = 0.1
+# What receiving a batch from a worker costs the main process, as a share of loading it
+# (fitted on bench/advice.py's num_workers=0 case: unpickling, the fd hand-shake).
+RECEIVE_SHARE = 0.25
+# Worker thread pools that outnumber the CPUs keep (CPUs / busy threads) to this power of
+# their CPU as useful work: the rest spins or preempts (fitted on bench/advice.py's threads case).
+POOL_WASTE_EXPONENT = 2.0
 # Floors that keep the model's divisions finite.
 MIN_SERIAL_SHARE = 0.02
 MAX_RUNQUEUE_SHARE = 0.9

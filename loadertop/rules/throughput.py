@@ -14,9 +14,12 @@ Time is in units of the current step, so the measured shares are the model's ter
 
 Three bounds then cap the steps per unit of time: n' workers deliver at most n'/b0', the
 CPUs run at most K / (m + c) steps, and the main process at most 1/s0. Where two bounds are
-close, contention makes the real rate lower than either (workers and the loop wait for each
-other and for CPUs), so the rate is their soft minimum, (Σ bound^-P)^(-1/P), not the hard
-one; P was fitted on bench/advice.py's real jobs (docs/BENCHMARKS.md).
+close, the real rate is lower than either (workers and the loop wait for each other, and a
+CPU idles in the gaps), so the rate is their soft minimum, (Σ bound^-P)^(-1/P), not the hard
+one; P was fitted on bench/advice.py's real jobs (docs/BENCHMARKS.md). Where the workers
+already queue for CPUs (throttled, oversubscribed) there are no gaps: the CPU bound is hard. Worker thread pools
+that outnumber the CPUs waste what exceeds them (spinning): one thread per worker keeps
+only the useful share of their CPU.
 
 Pure functions; no I/O.
 """
@@ -53,6 +56,8 @@ class Terms:
     latency: float  # one worker's uncontended time per batch, as now
     cpus: float  # K
     loader_bound: bool  # the loop waits on the workers now
+    pool_efficiency: float = 1.0  # share of the workers' CPU that is useful work (pools spin when oversubscribed)
+    contended: bool = False  # the workers wait for CPUs now: no idle gaps for a knee to lose
 
 
 def terms(m: Measured) -> Terms | None:
@@ -89,8 +94,15 @@ def terms(m: Measured) -> Terms | None:
         # The workers keep up: each batch costs them only their busy time.
         latency = n * max(T.MIN_SERIAL_SHARE, running)
         io = 0.0
+    # Busy threads beyond the CPUs do no useful work: OpenMP-style pools spin while they wait
+    # for each other, and preempt the thread the others wait for. One thread per worker keeps
+    # only the useful share: (CPUs / busy threads)^POOL_WASTE_EXPONENT of their CPU.
+    efficiency = 1.0
+    if k > 1.0:
+        efficiency = min(1.0, m.budget.cpus / (n * k + m.main_busy_threads)) ** T.POOL_WASTE_EXPONENT
     return Terms(s0=s0, m=main_cpu, loading=0.0, loading_cpu=0.0, n=n, cpu_per_batch=n * u, io_per_batch=io,
-                 threads=k, latency=latency, cpus=m.budget.cpus, loader_bound=loader_bound)
+                 threads=k, latency=latency, cpus=m.budget.cpus, loader_bound=loader_bound,
+                 pool_efficiency=efficiency, contended=waiting >= T.STARVED_RUNQUEUE_SHARE)
 
 
 def softmin(*bounds: float) -> float:
@@ -138,10 +150,15 @@ def predict(t: Terms, s: Setting, cpus: float | None = None) -> Prediction:
         latency = t.latency
         cpu_per_batch = t.cpu_per_batch
         if s.threads_per_worker == 1 and t.threads > 1.0:
-            # One thread: the batch's CPU work runs serially, its waiting stays the same.
-            latency = t.cpu_per_batch + t.io_per_batch
+            # One thread: only the pool's useful work remains, run serially; the waiting
+            # stays the same.
+            cpu_per_batch = t.cpu_per_batch * t.pool_efficiency
+            latency = cpu_per_batch + t.io_per_batch
     workers = s.num_workers / max(1e-3, latency)
     cpu = k_cpus / max(1e-3, main_cpu + cpu_per_batch)
     main = 1.0 / serial
     bounds = {"workers": workers, "cpus": cpu, "main_process": main}
-    return Prediction(s, softmin(*bounds.values()), min(bounds, key=bounds.get), min(cpu, main))
+    # Where threads already queue for the CPUs, the CPUs are never idle: their bound is a hard
+    # one, and fewer workers that still fill them lose nothing.
+    rate = min(softmin(workers, main), cpu) if t.contended else softmin(workers, cpu, main)
+    return Prediction(s, rate, min(bounds, key=bounds.get), min(cpu, main))
