@@ -52,11 +52,16 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
+LONGEST_S = 365 * 24 * 3600.0
+
+
 def _positive(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value <= LONGEST_S:  # inf, nan, or years
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds, at most a year: {text!r}")
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be more than 0 seconds: {text!r}")
     return value
@@ -181,8 +186,16 @@ def _check_pids(pids: Sequence[int]) -> None:
     from .probes import procfs
 
     for pid in pids:
-        if procfs.read_stat(pid) is None:
+        st = procfs.read_stat(pid)
+        if st is None and procfs.hidden(pid):
+            raise UsageError(f"PID {pid} exists but /proc hides it from this user (hidepid): run loadertop as "
+                             "root or as the job's user")
+        if st is None:
             raise UsageError(f"no process with PID {pid} (is the job running? `loadertop` lists them)")
+        if pid == 1 and not st.comm.startswith("python"):
+            # Every orphan on the host is init's child: it would take every DataLoader job.
+            raise UsageError(f"PID 1 is {st.comm}, the init process, parent of every job on this machine: "
+                             "give the training process's PID (`loadertop` lists them)")
 
 
 def _check_output(path: str, formats: tuple[str, ...] = REPORT_FORMATS) -> None:
@@ -194,6 +207,8 @@ def _check_output(path: str, formats: tuple[str, ...] = REPORT_FORMATS) -> None:
         raise UsageError(f"cannot write {path!r}: folder {folder} does not exist")
     if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
         raise UsageError(f"cannot write {path!r}: permission denied (choose another -o path)")
+    if os.path.exists(path) and not os.path.islink(path) and not os.path.isfile(path):
+        raise UsageError(f"cannot write {path!r}: it is not a regular file (a FIFO, a device or a folder)")
 
 
 def run_ticks(sampler, duration_s: float, on_snapshot, before_last=None) -> None:
@@ -258,7 +273,7 @@ def _write_report(path: str, text: str) -> int:
     except OSError as e:
         suffix = os.path.splitext(path)[1] or ".json"
         fd, fallback = tempfile.mkstemp(prefix="loadertop-", suffix=suffix)
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as f:
             f.write(text)
         why = e.strerror
         if e.errno == errno.ELOOP:
@@ -365,10 +380,14 @@ def cmd_record(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from .sampler import Sampler
 
-    _check_pids(args.pids)
     host, sep, port = args.listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise UsageError(f"--listen {args.listen!r}: give HOST:PORT, e.g. 127.0.0.1:9464")
+    if host.strip("[]") in ("0.0.0.0", "::"):
+        print(f"loadertop: warning: --listen {args.listen} serves every interface: anyone who reaches this host "
+              "reads the jobs' command lines and pids; prefer 127.0.0.1 and scrape through an SSH tunnel or a "
+              "local agent, or firewall the port", file=sys.stderr)
+    _check_pids(args.pids)
     try:
         import prometheus_client  # noqa: F401
     except ImportError:

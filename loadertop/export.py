@@ -1,18 +1,31 @@
 """Prometheus exporter: the latest snapshot and findings as `loadertop_*` metrics.
 
 Sampling runs on its own thread at the interval; a scrape only reads the latest snapshot,
-so scrapes never wait for /proc or py-spy and never sample twice. Metric names and help
-text come from loadertop.fields. Binds to 127.0.0.1 unless told otherwise.
+so scrapes never wait for /proc or py-spy and never sample twice. A tick that fails is
+counted and sampling goes on; a snapshot older than a few intervals is not served as if it
+were current. Metric names and help text come from loadertop.fields. The HTTP server binds to
+127.0.0.1 unless told otherwise, and caps its connections and their idle time.
 """
 
 from __future__ import annotations
 
+import socket
+import sys
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from .fields import EXPORTED, FINDING_METRIC
+from .fields import EXPORTED, FINDING_METRIC, LAST_SAMPLE, PROCESS_INFO, PROCESS_LABELS, SAMPLE_ERRORS
 from .model import Finding, Snapshot
 from .rules import Diagnoser
+
+# A scrape holds a connection for milliseconds: a few at once is plenty, and a client that
+# opens connections and sends nothing (slowloris) must not hold threads for long.
+MAX_CONNECTIONS = 16
+IDLE_TIMEOUT_S = 10.0
+# A snapshot older than this many intervals (at least STALE_MIN_S) means sampling stopped.
+STALE_INTERVALS = 5
+STALE_MIN_S = 10.0
 
 
 class Exporter:
@@ -21,6 +34,9 @@ class Exporter:
         self.interval_s = interval_s
         self.diagnoser = Diagnoser()
         self.latest: tuple[Snapshot, list[Finding]] | None = None
+        self.last_sample_at: float | None = None
+        self.errors = 0
+        self.last_error: str | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="loadertop-export", daemon=True)
@@ -31,33 +47,60 @@ class Exporter:
     def _run(self) -> None:
         while not self._stop.is_set():
             started = time.monotonic()
+            self.sample_once()
+            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+
+    def sample_once(self) -> None:
+        """One tick; a failure is counted and told once, never the end of sampling."""
+        try:
             snap = self.sampler.tick()
             findings = self.diagnoser.feed(snap)
+        except Exception as e:  # noqa: BLE001 (whatever broke, the next tick may work)
             with self._lock:
-                self.latest = (snap, findings)
-            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+                self.errors += 1
+                first = self.last_error is None
+                self.last_error = f"{type(e).__name__}: {e}"
+            if first:
+                print(f"loadertop: a sample failed ({self.last_error}); sampling goes on", file=sys.stderr)
+            return
+        with self._lock:
+            self.latest = (snap, findings)
+            self.last_sample_at = time.time()
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
         self.sampler.close()
 
+    def stale(self, now: float | None = None) -> bool:
+        now = time.time() if now is None else now
+        limit = max(STALE_MIN_S, STALE_INTERVALS * self.interval_s)
+        return self.last_sample_at is None or now - self.last_sample_at > limit
+
     # prometheus_client's custom collector protocol
     def describe(self):
         return []
 
     def collect(self):
-        from prometheus_client.core import GaugeMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         with self._lock:
-            latest = self.latest
-        if latest is None:
-            return
+            latest, last_at, errors = self.latest, self.last_sample_at, self.errors
+        sampled = GaugeMetricFamily(*LAST_SAMPLE)
+        if last_at is not None:
+            sampled.add_metric([], last_at)
+        yield sampled
+        failed = CounterMetricFamily(*SAMPLE_ERRORS)
+        failed.add_metric([], errors)
+        yield failed
+        if latest is None or self.stale():
+            return  # no figures rather than old ones that look current
         snap, findings = latest
         host = snap.host.hostname
         families = {}
         for metric in EXPORTED:
             families[metric.name] = GaugeMetricFamily(metric.name, metric.help, labels=metric.labels)
+        info = GaugeMetricFamily(*PROCESS_INFO, labels=[*PROCESS_LABELS, "pid"])
         for t in snap.trainers:
             rank = "" if t.rank is None else str(t.rank)
             trainer_labels = [host, str(t.pid), rank]
@@ -66,27 +109,86 @@ class Exporter:
                     value = metric.value(t)
                     if value is not None:
                         families[metric.name].add_metric(trainer_labels, float(value))
-                elif metric.scope == "process":
-                    for role, p in [("main", t.main), *(("worker", w) for w in t.workers)]:
+            processes = [("main", "", t.main)]
+            for i, w in enumerate(t.workers):
+                # Until py-spy reads a worker's id, its place among the workers stands in:
+                # series stay distinct and stable when workers are re-created.
+                processes.append(("worker", str(w.worker_id) if w.worker_id is not None else f"#{i}", w))
+            for role, wid, p in processes:
+                labels = [*trainer_labels, wid, role]
+                info.add_metric([*labels, str(p.pid)], 1.0)
+                for metric in EXPORTED:
+                    if metric.scope == "process":
                         value = metric.value(p)
                         if value is not None:
-                            wid = "" if p.worker_id is None else str(p.worker_id)
-                            families[metric.name].add_metric([*trainer_labels, str(p.pid), wid, role], float(value))
+                            families[metric.name].add_metric(labels, float(value))
         for metric in EXPORTED:
             if metric.scope == "host":
                 value = metric.value(snap.host)
                 if value is not None:
                     families[metric.name].add_metric([host], float(value))
         yield from families.values()
+        yield info
         active = GaugeMetricFamily(FINDING_METRIC.name, FINDING_METRIC.help, labels=FINDING_METRIC.labels)
         for f in findings:
             active.add_metric([host, str(f.trainer_pid or ""), f.id, f.severity], 1.0)
         yield active
 
 
+class _Server(ThreadingHTTPServer):
+    """A thread per connection, at most MAX_CONNECTIONS of them; one more is closed at once
+    rather than queued."""
+
+    daemon_threads = True
+
+    def __init__(self, address, handler) -> None:
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request, client_address) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+def _handler(registry):
+    from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+    class Handler(BaseHTTPRequestHandler):
+        timeout = IDLE_TIMEOUT_S  # the socket's: a silent client is dropped
+
+        def do_GET(self) -> None:
+            if self.path.split("?", 1)[0] not in ("/", "/metrics"):
+                self.send_error(404)
+                return
+            body = generate_latest(registry)
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format, *args) -> None:  # noqa: A002 (the base class's name)
+            pass  # a scrape a second is not news
+
+    return Handler
+
+
 def serve(sampler, listen: str, interval_s: float) -> None:
     """Serve until interrupted. listen is HOST:PORT."""
-    from prometheus_client import start_http_server
     from prometheus_client.core import CollectorRegistry
 
     host, _, port = listen.rpartition(":")
@@ -95,14 +197,16 @@ def serve(sampler, listen: str, interval_s: float) -> None:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(exporter)
     try:
-        server, _ = start_http_server(int(port), addr=host, registry=registry)
+        server = _Server((host, int(port)), _handler(registry))
     except OSError:
         sampler.close()
         raise
+    threading.Thread(target=server.serve_forever, name="loadertop-http", daemon=True).start()
     exporter.start()
     try:
         while True:
             time.sleep(3600)
     finally:
         server.shutdown()
+        server.server_close()
         exporter.close()

@@ -60,7 +60,9 @@ def human_age(seconds: float | None) -> str:
 
 HOST_LABELS = ["hostname"]
 TRAINER_LABELS = ["hostname", "trainer_pid", "rank"]
-PROCESS_LABELS = [*TRAINER_LABELS, "pid", "worker_id", "role"]
+# worker_id, not the pid: a pid label would make a new series each time a worker is
+# re-created (every epoch without persistent_workers). The pid is in loadertop_process_info.
+PROCESS_LABELS = [*TRAINER_LABELS, "worker_id", "role"]
 
 
 @dataclass(frozen=True)
@@ -112,3 +114,7 @@ EXPORTED = (
            lambda h: h.dataloader_workers),
 )
 FINDING_METRIC = Metric("loadertop_finding", "1 for each active finding, by id and severity", "finding", None)
+PROCESS_INFO = ("loadertop_process_info", "1 for each watched process: its pid, by worker_id and role")
+LAST_SAMPLE = ("loadertop_last_sample_timestamp_seconds",
+               "when the exporter last sampled (epoch seconds): older than a few intervals means sampling stopped")
+SAMPLE_ERRORS = ("loadertop_sample_errors_total", "ticks that failed (the exporter keeps sampling)")

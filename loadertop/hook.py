@@ -1,5 +1,7 @@
 """`loader = loadertop.watch(loader)`: exact data wait from inside the training script.
 
+This is the writer's side (what a training script imports); probes/hooks.py reads.
+
 For clusters where ptrace (py-spy) is refused. The wrapper times each `next()` and writes
 cumulative counters into a small fixed-layout file in /dev/shm (mmap, a few µs per batch),
 which the monitor reads from outside without ptrace and without a network port. It imports
@@ -14,6 +16,7 @@ import itertools
 import json
 import mmap
 import os
+import stat
 import struct
 import time
 import warnings
@@ -77,6 +80,49 @@ def _worker_pids(iterator) -> list[int]:
         return []
 
 
+def _own_start_time() -> float | None:
+    """This process's start, in epoch seconds (a stale file of an earlier process with our
+    pid was written before it)."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            start_ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
+        with open("/proc/stat", "rb") as f:
+            boot = next(float(line.split()[1]) for line in f if line.startswith(b"btime "))
+        return boot + start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def _is_stale_own(path: str) -> bool:
+    """A file at our path that an earlier process with our pid left behind: a regular file of
+    ours, written before this process started."""
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            return False
+        with open(path, "rb") as f:
+            raw = f.read(HEADER.size)
+        started = HEADER.unpack_from(raw, 0)[2] if len(raw) == HEADER.size and raw[:8] == MAGIC else 0.0
+    except (OSError, struct.error):
+        return False
+    ours = _own_start_time()
+    return ours is not None and started < ours - 1.0
+
+
+def _create(path: str) -> int:
+    """Our own new file at path: O_EXCL, so that nothing planted there (a file another user
+    can truncate under our mmap, a symlink, a FIFO) is ever used; a stale file of our own is
+    replaced once."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        return os.open(path, flags, 0o644)
+    except FileExistsError:
+        if not _is_stale_own(path):
+            raise
+        os.unlink(path)
+        return os.open(path, flags, 0o644)
+
+
 class _Publisher:
     def __init__(self, name: str, config: dict, directory: str) -> None:
         self.path = hook_path(os.getpid(), name, directory)
@@ -87,14 +133,23 @@ class _Publisher:
         self.first = 0.0
         self.last = 0.0
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+            fd = _create(self.path)
             try:
                 os.fchmod(fd, 0o644)  # readable by a monitor running as another user
-                os.ftruncate(fd, SIZE)
+                # Real pages, not a sparse file: a full /dev/shm is an OSError here, not a
+                # SIGBUS in the training loop on the first write.
+                os.posix_fallocate(fd, 0, SIZE)
+                if os.fstat(fd).st_uid != os.geteuid():
+                    raise OSError(f"{self.path} is not ours")
                 self.map = mmap.mmap(fd, SIZE)
-            finally:
+            except BaseException:
                 os.close(fd)
-            blob = json.dumps(config, default=str).encode()[: SIZE - CONFIG_AT]
+                _unlink(self.path)
+                raise
+            os.close(fd)
+            blob = json.dumps(config, default=str).encode()
+            if len(blob) > SIZE - CONFIG_AT:
+                blob = b"{}"
             now = time.time()
             HEADER.pack_into(self.map, 0, MAGIC, os.getpid(), now, now, 0, 0, 0.0, 0.0, 0, len(blob), 0.0)
             self.map[CONFIG_AT : CONFIG_AT + len(blob)] = blob
@@ -145,10 +200,17 @@ class _Publisher:
         if self.map is not None:
             try:
                 self.map.close()
-                os.unlink(self.path)
             except OSError:
                 pass
+            _unlink(self.path)
             self.map = None
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 class _Iterator:
@@ -198,26 +260,3 @@ class WatchedLoader:
 def watch(loader, name: str | None = None, directory: str = DIRECTORY):
     """Wrap a DataLoader so that loadertop reads its exact data wait. Returns the wrapper."""
     return WatchedLoader(loader, name, directory)
-
-
-# --- the monitor's side ------------------------------------------------------------------
-
-
-def read_hook(path: str) -> dict | None:
-    """One hook file, or None if it is not one (or is torn)."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(SIZE)
-    except OSError:
-        return None
-    if len(raw) < HEADER.size or raw[:8] != MAGIC:
-        return None
-    _, pid, started, beat, wait_ns, batches, first, last, nbytes, clen, in_next = HEADER.unpack_from(raw, 0)
-    try:
-        config = json.loads(raw[CONFIG_AT : CONFIG_AT + clen]) if clen else {}
-    except ValueError:
-        config = {}
-    name = os.path.basename(path)[len(f"loadertop-{pid}-") : -len(".hook")]
-    return {"name": name, "pid": pid, "started": started, "heartbeat": beat, "wait_s": wait_ns / 1e9,
-            "batches": batches, "first_batch_at": first, "last_batch_at": last, "batch_bytes": nbytes or None,
-            "in_next_since": in_next or None, "config": config}

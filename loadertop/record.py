@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import types
 import typing
@@ -17,6 +18,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from .files import open_private
 from .model import Snapshot
 
 MAGIC = b"LOADERTOP-RECORDING 1\n"
@@ -34,6 +36,13 @@ def encode(snapshot: Snapshot) -> dict:
 
 
 _HINTS: dict[type, dict] = {}
+# Figures a recording may hold: finite, and small enough that arithmetic and dates on them
+# stay sane (epoch seconds, byte counts, rates).
+LARGEST = 1e15
+
+
+class Damaged(ValueError):
+    """A snapshot whose fields are not what loadertop writes."""
 
 
 def _hints(cls: type) -> dict:
@@ -43,28 +52,68 @@ def _hints(cls: type) -> dict:
 
 
 def _decode(tp, value):
-    if value is None:
-        return None
+    """value as type tp, every field checked: a recording is a file anyone may hand us."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         options = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _decode(options[0], value) if len(options) == 1 else value
+        if value is None:
+            return None
+        for option in options:
+            try:
+                return _decode(option, value)
+            except Damaged:
+                continue
+        raise Damaged(f"{value!r:.40} is none of {tp}")
     if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise Damaged(f"{tp.__name__} is not an object")
         hints = _hints(tp)
-        return tp(**{f.name: _decode(hints[f.name], value[f.name]) for f in dataclasses.fields(tp)
-                     if f.name in value})
+        fields = {}
+        for f in dataclasses.fields(tp):
+            if f.name in value:
+                fields[f.name] = _decode(hints[f.name], value[f.name])
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise Damaged(f"{tp.__name__}.{f.name} is missing")
+        return tp(**fields)
     if origin is tuple:
         args = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise Damaged(f"{value!r:.40} is not a list")
         if len(args) == 2 and args[1] is Ellipsis:
             return tuple(_decode(args[0], v) for v in value)
-        return tuple(_decode(a, v) for a, v in zip(args, value, strict=False))
-    if tp is float and isinstance(value, int):
+        if len(value) != len(args):
+            raise Damaged(f"a list of {len(value)} where {len(args)} belong")
+        return tuple(_decode(a, v) for a, v in zip(args, value, strict=True))
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or abs(value) > LARGEST:
+            raise Damaged(f"{value!r:.40} is not a figure")
         return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int) or abs(value) > LARGEST:
+            raise Damaged(f"{value!r:.40} is not a whole number")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise Damaged(f"{value!r:.40} is not true/false")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise Damaged(f"{value!r:.40} is not text")
+        return value
+    if value is None:
+        raise Damaged("a value is missing")
     return value
 
 
+LATEST_TIME = 1e10  # epoch seconds in the year 2286: later is not a date loadertop wrote
+
+
 def decode(data: dict) -> Snapshot:
-    return _decode(Snapshot, data)
+    snap = _decode(Snapshot, data)
+    if not 0 < snap.time < LATEST_TIME:
+        raise Damaged(f"its time {snap.time!r} is not a date")
+    return snap
 
 
 # --- writing ----------------------------------------------------------------------------
@@ -74,8 +123,7 @@ class Recorder:
     """Appends snapshots; each is on disk (sync-flushed) when `write` returns."""
 
     def __init__(self, path: str) -> None:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
-        self._fd = os.open(path, flags, 0o644)
+        self._fd = open_private(path)
         self._zip = zlib.compressobj(6)
         os.write(self._fd, MAGIC)
         self.written = 0
@@ -101,39 +149,53 @@ class Recording:
     problem: str | None  # where and why reading stopped early, None for a complete file
 
 
+# Decompressed, a recording may hold this much (a day of 16 workers is ~300 MiB): a file
+# that inflates past it (a zlib bomb reaches 1000:1) is read up to it.
+MAX_DECOMPRESSED = 1 << 30
+CHUNK = 1 << 16
+
+
+def _inflate(f, offset: int) -> tuple[bytes, str | None]:
+    """The decompressed stream, read and inflated a chunk at a time within MAX_DECOMPRESSED;
+    and where and why it stopped early, if it did."""
+    unzip = zlib.decompressobj()
+    out = bytearray()
+    while True:
+        chunk = unzip.unconsumed_tail or f.read(CHUNK)
+        if not chunk:
+            if not unzip.eof:
+                return bytes(out), "the file ends mid-write (the recorder was stopped): read up to its last snapshot"
+            return bytes(out), None
+        try:
+            out += unzip.decompress(chunk, MAX_DECOMPRESSED - len(out) + 1)
+        except zlib.error as e:
+            return bytes(out), f"corrupt data near byte {offset} ({e}): read the snapshots before it"
+        offset += len(chunk) - len(unzip.unconsumed_tail)
+        if len(out) > MAX_DECOMPRESSED:
+            return bytes(out[:MAX_DECOMPRESSED]), (
+                f"it inflates past {MAX_DECOMPRESSED >> 20} MiB: read the snapshots up to there")
+        if unzip.eof:
+            return bytes(out), None
+
+
 def read(path: str) -> Recording:
     with open(path, "rb") as f:
         head = f.read(len(MAGIC))
         if head != MAGIC:
             raise NotARecording(f"{path} is not a loadertop recording (make one with `loadertop record`)")
-        data = f.read()
-    out = bytearray()
-    problem = None
-    unzip = zlib.decompressobj()
-    try:
-        out += unzip.decompress(data)
-        if not unzip.eof:
-            problem = "the file ends mid-write (the recorder was stopped): read up to its last snapshot"
-    except zlib.error as e:
-        # Decode what precedes the damage: feed the stream in pieces until it breaks.
-        out = bytearray()
-        unzip = zlib.decompressobj()
-        offset = 0
-        for offset in range(0, len(data), 4096):
-            try:
-                out += unzip.decompress(data[offset : offset + 4096])
-            except zlib.error:
-                break
-        problem = f"corrupt data near byte {len(MAGIC) + offset} ({e}): read the snapshots before it"
+        out, problem = _inflate(f, len(MAGIC))
     snapshots = []
-    lines = bytes(out).split(b"\n")
+    lines = out.split(b"\n")
     for i, line in enumerate(lines):
         if not line:
             continue
         try:
             snapshots.append(decode(json.loads(line)))
-        except (ValueError, TypeError, KeyError, AttributeError):
-            problem = problem or f"snapshot {i + 1} is damaged: read the {len(snapshots)} before it"
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
+            if i == len(lines) - 1 and problem:
+                break  # the torn last line of a cut-short file
+            why = f" ({e})" if isinstance(e, Damaged) else ""
+            problem = problem or f"snapshot {i + 1} is damaged{why}: read the {len(snapshots)} before it"
             break
     return Recording(snapshots, problem)
 

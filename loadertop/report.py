@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 from collections.abc import Iterable, Sequence
 from statistics import fmean
 
+from .files import write_atomic
 from .model import Finding, GpuSnapshot, Notice, ProcessSample, Snapshot, TrainerSnapshot
 from .rules import diagnose_with_plans
 from .rules.plan import Plan
@@ -23,7 +23,10 @@ SCHEMA = "loadertop.report/1"
 def iso(epoch: float | None) -> str | None:
     if epoch is None:
         return None
-    return dt.datetime.fromtimestamp(epoch, dt.timezone.utc).isoformat(timespec="seconds")
+    try:
+        return dt.datetime.fromtimestamp(epoch, dt.timezone.utc).isoformat(timespec="seconds")
+    except (OverflowError, ValueError, OSError):
+        return None  # not a date (a damaged recording): no made-up one
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
@@ -46,6 +49,9 @@ def _process(p: ProcessSample, window: Sequence[ProcessSample]) -> dict:
         "ctx_switches_involuntary_per_s": _mean(w.ctx_switches_involuntary_per_s for w in window),
         "runqueue_wait_s_per_s": p.runqueue_wait_s_per_s,
         "doing": p.doing,
+        "doing_at": iso(p.doing_at),
+        "thread_pools": list(p.thread_pools),
+        "read_bytes_per_s": _mean(w.read_bytes_per_s for w in window),
         "started_at": iso(p.started_at),
     }
 
@@ -217,8 +223,5 @@ def to_json(report: dict) -> str:
 
 
 def write_file(path: str, text: str) -> None:
-    """Write a report without following a symlink planted over the target."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
-    fd = os.open(path, flags, 0o644)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
+    """Write a report: private, UTF-8, whole or not at all, never through a link (files.py)."""
+    write_atomic(path, text)

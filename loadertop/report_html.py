@@ -12,6 +12,12 @@ from .model import Snapshot
 from .report_md import render as render_md
 from .verdict import verdict_of_report
 
+
+def e(value) -> str:
+    """Anything from a report or a recording, escaped: a recording is a file anyone may hand us."""
+    return html.escape("" if value is None else str(value))
+
+
 COLOURS = ("#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
 
@@ -62,25 +68,25 @@ def render(report: dict, snapshots: Sequence[Snapshot]) -> str:
                     if g.index in t.gpus:
                         gpu.setdefault(f"GPU{g.index}", []).append((s.time, g.utilization_percent))
                 for w in t.workers:
-                    name = f"w{w.worker_id}" if w.worker_id is not None else str(w.pid)
+                    name = f"w{w.worker_id}" if w.worker_id is not None else f"pid {w.pid}"
                     cpu.setdefault(name, []).append((s.time, w.cpu_percent))
                     uss.setdefault(name, []).append((s.time, w.uss_bytes / 2**20 if w.uss_bytes else None))
-        charts.append(f"<h2>Trainer {pid}</h2>")
+        charts.append(f"<h2>Trainer {e(pid)}</h2>")
         charts.append(_svg_chart("data wait (% of the training loop)", wait, "%", 100))
         charts.append(_svg_chart("GPU utilization (%)", gpu, "%", 100))
         charts.append(_svg_chart("worker CPU (% of a core)", cpu, "%"))
         charts.append(_svg_chart("worker USS (MiB)", uss, "M"))
     findings = "".join(
-        f'<li class="{html.escape(f["severity"])}"><b>{html.escape(f["severity"].upper())} '
-        f'{html.escape(f["id"])}</b> (trainer {f["trainer_pid"]}): {html.escape(f["title"])}'
-        f'<br><span class="fix">{html.escape(f["suggestion"])}</span></li>'
+        f'<li class="{e(f["severity"])}"><b>{e(str(f["severity"]).upper())} '
+        f'{e(f["id"])}</b> (trainer {e(f["trainer_pid"])}): {e(f["title"])}'
+        f'<br><span class="fix">{e(f["suggestion"])}</span></li>'
         for f in report["findings"]
     ) or "<li>No findings.</li>"
     rows = "".join(
-        f"<tr><td>{t['pid']}</td><td>{w['worker_id'] if w['worker_id'] is not None else ''}</td><td>{w['pid']}</td>"
+        f"<tr><td>{e(t['pid'])}</td><td>{e(w['worker_id'])}</td><td>{e(w['pid'])}</td>"
         f"<td>{'' if w['cpu_percent'] is None else round(w['cpu_percent'], 1)}</td>"
-        f"<td>{human_bytes(w['uss_bytes'])}</td><td>{human_bytes(w['rss_bytes'])}</td>"
-        f"<td>{html.escape(w['status'])}</td><td>{html.escape(w.get('doing') or '')}</td></tr>"
+        f"<td>{e(human_bytes(w['uss_bytes']))}</td><td>{e(human_bytes(w['rss_bytes']))}</td>"
+        f"<td>{e(w['status'])}</td><td>{e(w.get('doing'))}</td></tr>"
         for t in report["trainers"] for w in [t["main"], *t["workers"]]
     )
     return f"""<!doctype html>
@@ -91,9 +97,9 @@ body {{ font-family: system-ui, sans-serif; margin: 2em; max-width: 900px; }}
 table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #ccc; padding: 2px 6px; font-size: 13px; }}
 .na {{ color: #888; }} pre {{ white-space: pre-wrap; font-size: 12px; background: #f6f6f6; padding: 1em; }}
 </style></head><body>
-<h1>loadertop: {html.escape(verdict_of_report(report))}</h1>
-<p>{html.escape(report["created_at"])} on {html.escape(report["host"]["hostname"])},
-{report["duration_s"]:.0f} s sampled.</p>
+<h1>loadertop: {e(verdict_of_report(report))}</h1>
+<p>{e(report["created_at"])} on {e(report["host"]["hostname"])},
+{float(report["duration_s"]):.0f} s sampled.</p>
 <h2>Findings</h2><ul>{findings}</ul>
 {"".join(charts)}
 <h2>Processes</h2>

@@ -32,7 +32,7 @@ MEMORY_HEADROOM_REFRESH_S = 5.0
 class StackSource(Protocol):
     """What the sampler needs from stack sampling (py-spy): never blocks the tick."""
 
-    def watch(self, trainers: dict[int, tuple[int, ...]]) -> None: ...
+    def watch(self, trainers: dict[int, tuple[int, ...]], started: dict[int, float] | None = None) -> None: ...
     def data_wait(self, trainer_pid: int) -> DataWait | None: ...
     def worker(self, pid: int) -> WorkerInfo | None: ...
     def stop_after_window(self) -> None: ...
@@ -174,14 +174,19 @@ class Sampler:
         self.discovery.forget(live)
         self.exits.watch(live)
         if self.stacks is not None:
+            running = [t for t in trainers if t.status == "running"]
             self.stacks.watch(
-                {t.pid: tuple(w.pid for w in t.workers) for t in trainers if t.status == "running"}
+                {t.pid: tuple(w.pid for w in t.workers) for t in running},
+                # Who each pid is: py-spy is pointed at pids, and checks them against these.
+                {p.pid: p.started_at for t in running for p in (t.main, *t.workers)},
             )
             for n in self.stacks.notices():
                 board.add(n)
             trainers = [self._with_stacks(t) for t in trainers]
         trainers = [self._with_hook(t, now) for t in trainers]
         self.hooks.forget({(t.pid, t.started_at) for t in trainers})
+        for n in self.hooks.notices():
+            board.add(n)
         if self.stacks is None and not any(t.data_wait for t in trainers):
             board.add(
                 Notice(

@@ -5,16 +5,18 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import time
 import warnings
 
 import pytest
-from jobs import loadertop
+from jobs import REPO, loadertop
 from test_isolation import SYSTEM_PYTHON, _nobody_can_run_system_python, world_readable_loadertop  # noqa: F401
 from test_snapshot_cli import only_trainer
 
 import loadertop as lt
-from loadertop.hook import hook_path, read_hook
+from loadertop.hook import hook_path
+from loadertop.probes.hooks import read_hook
 
 
 class Loader:
@@ -106,3 +108,156 @@ def test_another_user_without_ptrace_still_gets_exact_data_wait(job, world_reada
     assert r.returncode == 0, r.stderr
     trainer = only_trainer(json.loads(r.stdout))
     assert trainer["data_wait"]["source"] == "hook" and trainer["data_wait_fraction"] > 0.3
+
+
+# --- the channel is untrusted input: /dev/shm is shared by every user -----------------------
+
+
+def _forge(path, config: bytes = b"{}", pid: int | None = None, started: float | None = None,
+           heartbeat: float | None = None) -> None:
+    import os as _os
+
+    from loadertop.hook import CONFIG_AT, HEADER, MAGIC, SIZE
+
+    now = time.time()
+    raw = bytearray(SIZE)
+    HEADER.pack_into(raw, 0, MAGIC, pid or _os.getpid(), started or now, heartbeat or now, 10**9, 100, now, now, 0,
+                     len(config), 0.0)
+    raw[CONFIG_AT : CONFIG_AT + len(config)] = config
+    with open(path, "wb") as f:
+        f.write(raw)
+
+
+@pytest.mark.parametrize("config,why", [(b"[]", "not an object"), (b"3", "not an object"),
+                                        (b"[" * 1500 + b"]" * 1500, "not JSON"),
+                                        (b'{"num_workers": "4"}', "num_workers"),
+                                        (b'{"worker_pids": [1, "x"]}', "worker pid"),
+                                        (b'{"dataset_class": ' + b'"' + b"x" * 300 + b'"}', "dataset_class"),
+                                        (b'{"persistent_workers": 1}', "persistent_workers")])
+def test_a_malformed_hook_is_an_error_with_a_reason_never_a_crash(tmp_path, config, why):
+    from loadertop.probes.hooks import HookError
+
+    path = tmp_path / "loadertop-1-x.hook"
+    _forge(path, config)
+    with pytest.raises(HookError, match=why):
+        read_hook(str(path))
+
+
+def test_fifos_symlinks_and_other_users_files_are_refused_at_once(tmp_path):
+    import os as _os
+
+    from loadertop.probes.hooks import HookError
+
+    fifo = tmp_path / "loadertop-1-fifo.hook"
+    _os.mkfifo(fifo)
+    started = time.monotonic()
+    with pytest.raises(HookError, match="regular file"):
+        read_hook(str(fifo))  # used to block in open() forever
+    assert time.monotonic() - started < 1
+    real = tmp_path / "real"
+    _forge(real)
+    link = tmp_path / "loadertop-1-link.hook"
+    link.symlink_to(real)
+    with pytest.raises(HookError, match="opened safely"):
+        read_hook(str(link))
+    with pytest.raises(HookError, match="belongs to user"):
+        read_hook(str(real), owner=_os.geteuid() + 1)
+    assert read_hook(str(real), owner=_os.geteuid())["batches"] == 100
+    assert read_hook(str(tmp_path / "gone.hook")) is None
+
+
+@pytest.mark.skipif(__import__("os").geteuid() != 0, reason="needs root to plant a file as another user")
+def test_a_forged_hook_of_another_user_is_ignored_with_a_notice():
+    """Another user plants loadertop-<our pid>-x.hook claiming 90% data wait: it must not
+    reach the figures, and a notice says why."""
+    import os as _os
+
+    from loadertop.probes.hooks import HookReader
+    from loadertop.probes.procfs import read_stat
+
+    pid = _os.getpid()
+    path = f"/dev/shm/loadertop-{pid}-forged.hook"
+    _forge(path)
+    _os.chown(path, 65534, 65534)
+    try:
+        reader = HookReader()
+        started = read_stat(pid).started_at
+        assert reader.data_wait(pid, started, time.time()) is None
+        assert [n.id for n in reader.notices()] == ["hook_invalid"]
+        assert "belongs to user 65534" in reader.notices()[0].message
+    finally:
+        _os.unlink(path)
+
+
+@pytest.mark.skipif(__import__("os").geteuid() != 0, reason="needs root to plant a file as another user")
+def test_watch_never_uses_a_file_someone_else_planted(tmp_path):
+    import os as _os
+
+    planted = hook_path(_os.getpid(), "planted", str(tmp_path))
+    with open(planted, "wb") as f:
+        f.write(b"not mine to trust")  # another user's file at our name: truncatable under our mmap
+    _os.chown(planted, 65534, 65534)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = lt.watch(Loader([1, 2]), name="planted", directory=str(tmp_path))
+        assert list(loader) == [1, 2]
+    assert len(caught) == 1 and "disabled" in str(caught[0].message)
+    with open(planted, "rb") as f:
+        assert f.read() == b"not mine to trust"
+
+
+def test_watch_replaces_a_stale_file_of_an_earlier_process_with_its_pid(tmp_path):
+    import os as _os
+
+    path = hook_path(_os.getpid(), "stale", str(tmp_path))
+    _forge(path, started=1_000_000.0)  # written long before this process started
+    loader = lt.watch(Loader([1, 2, 3]), name="stale", directory=str(tmp_path))
+    assert list(loader) == [1, 2, 3]
+    assert read_hook(path)["batches"] == 3
+
+
+def test_the_hook_file_goes_when_the_script_ends_and_a_killed_jobs_file_is_swept(tmp_path):
+    import os as _os
+
+    from loadertop.probes.hooks import STALE_AFTER_S, sweep_stale
+
+    script = ("import loadertop, sys\n"
+              f"l = loadertop.watch([1, 2], name='ends', directory={str(tmp_path)!r})\n"
+              "print(list(l))\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                       env={**_os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0 and r.stdout.strip() == "[1, 2]"
+    assert list(tmp_path.iterdir()) == []
+    # A SIGKILLed job cannot remove its own: the reader removes it once it has been silent long.
+    dead = 2**22 + 12345  # above pid_max's default: no such process
+    old = time.time() - STALE_AFTER_S - 10
+    _forge(tmp_path / f"loadertop-{dead}-train.hook", pid=dead, started=old, heartbeat=old)
+    _forge(tmp_path / f"loadertop-{dead}-fresh.hook", pid=dead)  # beat recently: maybe another namespace's
+    assert sweep_stale(str(tmp_path)) == 1
+    assert [p.name for p in tmp_path.iterdir()] == [f"loadertop-{dead}-fresh.hook"]
+
+
+def test_a_full_dev_shm_disables_the_hook_instead_of_killing_the_job():
+    """A full /dev/shm is what loadertop diagnoses: watch() must warn and go on, not take
+    SIGBUS on its first write into a sparse file."""
+    import os as _os
+
+    if _os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare")
+    script = ("import warnings, loadertop\n"
+              "warnings.simplefilter('always')\n"
+              "with open('/dev/shm/fill', 'wb') as f:\n"
+              "    try:\n"
+              "        f.write(b'x' * 2**20)\n"
+              "    except OSError:\n"
+              "        pass\n"
+              "with warnings.catch_warnings(record=True) as w:\n"
+              "    l = loadertop.watch([1, 2, 3], name='full')\n"
+              "    print(sum(l), len(w), 'disabled' in str(w[0].message) if w else None)\n")
+    mount = 'mount -t tmpfs -o size=64k tmpfs /dev/shm && exec "$0" "$@"'
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", mount, sys.executable, "-c", script],
+                       capture_output=True, text=True, timeout=60, env={**_os.environ, "PYTHONPATH": str(REPO)})
+    if "mount" in r.stderr and r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    assert r.returncode == 0, r.stderr  # 135 would be SIGBUS
+    assert r.stdout.split() == ["6", "1", "True"]

@@ -1,38 +1,179 @@
 """Reads the files `loadertop.watch()` publishes in a trainer's /dev/shm: exact data wait
-without ptrace. Keeps recent readings per loader to give the wait over a rolling window."""
+without ptrace. Keeps recent readings per loader to give the wait over a rolling window.
+
+/dev/shm is shared by every user of the host, so a hook file is untrusted input: it is
+opened without following links or blocking (a FIFO), must be a regular file of the hook's
+size owned by the trainer's user, and every field is checked; a file that fails is a notice,
+never an exception in the tick. Files whose process is long gone are removed.
+"""
 
 from __future__ import annotations
 
+import json
+import math
 import os
+import stat
+import time
 from collections import deque
 
-from ..hook import read_hook
-from ..model import DataWait, LoaderConfig
+from ..hook import CONFIG_AT, HEADER, MAGIC, SIZE
+from ..model import DataWait, LoaderConfig, Notice
 from . import procfs
 
 # Listing /dev/shm is not for every tick: with torch's file_system sharing strategy it holds
 # a file per shared tensor (thousands), and killed jobs leave their semaphores there.
 HOOK_RESCAN_S = 5.0
+# Files of processes gone this long are removed (a process in another pid namespace that
+# shares our /dev/shm looks gone to us: its heartbeat keeps its file).
+STALE_SWEEP_S = 60.0
+STALE_AFTER_S = 3600.0
+MAX_WORKER_PIDS = 4096
 
 
-def _listed(folder: str, prefix: str) -> list[str]:
+class HookError(ValueError):
+    """A file under a hook's name that is not a valid hook of the trainer."""
+
+
+def _int(value, name: str, low: int = 0, high: int = 2**31) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise HookError(f"{name} is not a count")
+    return value
+
+
+def _bool(value, name: str) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise HookError(f"{name} is not true/false")
+    return value
+
+
+def _str(value, name: str, longest: int = 200) -> str | None:
+    if value is not None and (not isinstance(value, str) or len(value) > longest):
+        raise HookError(f"{name} is not a short text")
+    return value
+
+
+def parse_config(blob: bytes) -> dict:
+    """The hook's loader settings, every field checked; unknown fields dropped."""
+    if not blob:
+        return {}
+    try:
+        raw = json.loads(blob)
+    except (ValueError, RecursionError) as e:
+        raise HookError(f"its settings are not JSON ({type(e).__name__})") from None
+    if not isinstance(raw, dict):
+        raise HookError("its settings are not an object")
+    pids = raw.get("worker_pids") or []
+    if not isinstance(pids, list) or len(pids) > MAX_WORKER_PIDS:
+        raise HookError("worker_pids is not a list of pids")
+    return {
+        "batch_size": _int(raw.get("batch_size"), "batch_size"),
+        "num_workers": _int(raw.get("num_workers"), "num_workers", high=MAX_WORKER_PIDS),
+        "prefetch_factor": _int(raw.get("prefetch_factor"), "prefetch_factor", high=1 << 16),
+        "pin_memory": _bool(raw.get("pin_memory"), "pin_memory"),
+        "persistent_workers": _bool(raw.get("persistent_workers"), "persistent_workers"),
+        "dataset_class": _str(raw.get("dataset_class"), "dataset_class"),
+        "iterable": _bool(raw.get("iterable"), "iterable"),
+        "multiprocessing_context": _str(raw.get("multiprocessing_context"), "multiprocessing_context", 64),
+        "worker_pids": [_int(p, "a worker pid", low=1) for p in pids],
+    }
+
+
+def _finite(*values: float) -> bool:
+    return all(math.isfinite(v) and v >= 0 for v in values)
+
+
+def read_hook(path: str, owner: int | None = None) -> dict | None:
+    """One hook file: None if it is gone; HookError if it is not a valid hook (of `owner`'s,
+    when given)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise HookError(f"it cannot be opened safely ({e.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise HookError("it is not a regular file")
+        if st.st_size > SIZE:
+            raise HookError(f"it is larger than {SIZE} bytes")
+        if owner is not None and st.st_uid != owner:
+            raise HookError(f"it belongs to user {st.st_uid}, not to the trainer's user {owner}")
+        raw = os.read(fd, SIZE)
+    finally:
+        os.close(fd)
+    if len(raw) < HEADER.size or raw[:8] != MAGIC:
+        raise HookError("it is not a loadertop hook file")
+    _, pid, started, beat, wait_ns, batches, first, last, nbytes, clen, in_next = HEADER.unpack_from(raw, 0)
+    if pid <= 0 or not _finite(started, beat, first, last, in_next) or clen > SIZE - CONFIG_AT:
+        raise HookError("its header is damaged")
+    config = parse_config(raw[CONFIG_AT : CONFIG_AT + clen])
+    name = os.path.basename(path)[len(f"loadertop-{pid}-") : -len(".hook")]
+    return {"name": name, "pid": pid, "started": started, "heartbeat": beat, "wait_s": wait_ns / 1e9,
+            "batches": batches, "first_batch_at": first, "last_batch_at": last, "batch_bytes": nbytes or None,
+            "in_next_since": in_next or None, "config": config}
+
+
+def _listed(folder: str, prefixes: tuple[str, ...]) -> list[str]:
     try:
         with os.scandir(folder) as entries:
-            return [e.path for e in entries if e.name.startswith(prefix) and e.name.endswith(".hook")]
+            return [e.path for e in entries if e.name.startswith(prefixes) and e.name.endswith(".hook")]
     except OSError:
         return []
+
+
+def _pids_of(pid: int) -> tuple[int, ...]:
+    """pid in every pid namespace it lives in: in a container the hook names its file with
+    the container's pid, which the host does not use."""
+    try:
+        return procfs.read_nspid(pid)
+    except (PermissionError, OSError):
+        return (pid,)
 
 
 def hook_files(pid: int) -> list[str]:
     """The trainer's hook files: through its own root (a container's /dev/shm), or our
     /dev/shm when it is the same mount (another user's root is closed to us)."""
-    prefix = f"loadertop-{pid}-"
-    files = _listed(f"{procfs.PROC}/{pid}/root/dev/shm", prefix)
+    prefixes = tuple(f"loadertop-{p}-" for p in _pids_of(pid))
+    files = _listed(f"{procfs.PROC}/{pid}/root/dev/shm", prefixes)
     if files:
         return files
     if procfs.same_mount_as_ours(pid, "/dev/shm"):
-        return _listed("/dev/shm", prefix)
+        return _listed("/dev/shm", prefixes)
     return []
+
+
+def _owner(pid: int) -> int | None:
+    try:
+        return os.stat(f"{procfs.PROC}/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def sweep_stale(folder: str = "/dev/shm", now: float | None = None) -> int:
+    """Remove hook files of processes that are gone (SIGKILLed jobs cannot remove their own)
+    and have not beaten for STALE_AFTER_S. Returns how many went."""
+    now = time.time() if now is None else now
+    removed = 0
+    for path in _listed(folder, ("loadertop-",)):
+        name = os.path.basename(path)
+        pid_text = name[len("loadertop-"):].split("-", 1)[0]
+        if not pid_text.isdigit() or os.path.exists(f"{procfs.PROC}/{pid_text}"):
+            continue
+        try:
+            h = read_hook(path)
+        except HookError:
+            continue  # not ours to judge
+        if h is None or now - h["heartbeat"] < STALE_AFTER_S:
+            continue
+        try:
+            os.unlink(path)
+            removed += 1
+        except OSError:
+            pass
+    return removed
 
 
 class HookReader:
@@ -41,16 +182,34 @@ class HookReader:
         self._readings: dict[tuple[int, float], dict[str, deque]] = {}
         self.configs: dict[tuple[int, float], dict[str, dict]] = {}
         self._files: dict[tuple[int, float], tuple[float, list[str]]] = {}  # listed at, files
+        self._notices: dict[tuple[int, float], Notice] = {}
+        self._swept_at = float("-inf")
 
     def data_wait(self, pid: int, started_at: float, now: float) -> DataWait | None:
         key = (pid, started_at)
+        if now - self._swept_at >= STALE_SWEEP_S:
+            self._swept_at = now
+            sweep_stale(now=now)
         listed = self._files.get(key)
         if listed is None or not now - HOOK_RESCAN_S < listed[0] <= now:
             listed = self._files[key] = (now, hook_files(pid))
-        read = [read_hook(f) for f in listed[1]]
-        if None in read:
-            del self._files[key]  # a loader's file went away: list the folder again next tick
-        hooks = [h for h in read if h and h["pid"] == pid and h["started"] >= started_at - 1]
+        owner = _owner(pid)
+        pids = _pids_of(pid)
+        hooks = []
+        self._notices.pop(key, None)
+        for path in listed[1]:
+            try:
+                h = read_hook(path, owner)
+            except HookError as e:
+                self._notices[key] = Notice(
+                    "hook_invalid", f"{path} is not a valid hook of trainer {pid}: {e}; ignored",
+                    "remove the file; loadertop.watch() in the training script writes its own", pid)
+                continue
+            if h is None:
+                del self._files[key]  # a loader's file went away: list the folder again next tick
+                continue
+            if h["pid"] in pids and h["started"] >= started_at - 1:
+                hooks.append(h)
         if not hooks:
             self._readings.pop(key, None)
             return None
@@ -84,6 +243,9 @@ class HookReader:
                         steps_per_s=max(rates) if rates else None,
                         iterable=True if True in iterable else (False if iterable else None))
 
+    def notices(self) -> tuple[Notice, ...]:
+        return tuple(self._notices.values())
+
     def loaders(self, pid: int, started_at: float, worker_pids: tuple[int, ...]) -> tuple[LoaderConfig, ...]:
         """Each watched loader, with the workers it published (those seen under the trainer),
         or every worker seen when it published none."""
@@ -98,6 +260,6 @@ class HookReader:
         return tuple(out)
 
     def forget(self, live: set) -> None:
-        for table in (self._readings, self.configs, self._files):
+        for table in (self._readings, self.configs, self._files, self._notices):
             for key in [k for k in table if k not in live]:
                 del table[key]

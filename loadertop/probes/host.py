@@ -48,6 +48,7 @@ def _owners() -> dict[int, _Owner]:
     machine (a scan by worker comm, ~2 ms for 300 processes). A worker's trainer is its
     parent, or the fork server's parent with the forkserver start method."""
     owners: dict[int, _Owner] = {}
+    python: dict[int, bool] = {}
     for name in os.listdir(procfs.PROC):
         if not name.isdigit():
             continue
@@ -62,12 +63,29 @@ def _owners() -> dict[int, _Owner]:
         if any("multiprocessing.forkserver" in a for a in args):
             parent = procfs.read_stat(owner)
             owner = parent.ppid if parent else owner
+        if owner not in python:
+            python[owner] = _is_python(owner)
+        if not python[owner]:
+            continue  # a comm anyone can set: a worker counts only under a Python trainer
         if owner not in owners:
             main = procfs.read_stat(owner)
             owners[owner] = _Owner(0, main.cpu_ticks if main else 0, main.start_ticks if main else 0)
         owners[owner].workers += 1
         owners[owner].ticks += st.cpu_ticks
     return owners
+
+
+def _is_python(pid: int) -> bool:
+    st = procfs.read_stat(pid)
+    if st is None:
+        return False
+    if st.comm.startswith("python"):
+        return True
+    try:
+        args = procfs.cmdline(pid) or []
+    except PermissionError:
+        return False
+    return bool(args) and os.path.basename(args[0]).startswith("python")
 
 
 def dataloader_owners() -> dict[int, int]:

@@ -189,8 +189,13 @@ def read_cpu_ticks_with_children(pid: int) -> int | None:
 
 
 def read_stat(pid: int, tid: int | None = None, files: ProcFiles | None = None) -> Stat | None:
+    """None when the process is gone, or hidden from us (/proc mounted with hidepid): either
+    way there is nothing of it to watch. `visible()` tells the two apart for a message."""
     path = f"{PROC}/{pid}/stat" if tid is None else f"{PROC}/{pid}/task/{tid}/stat"
-    raw = _read_with(files, path)
+    try:
+        raw = _read_with(files, path)
+    except PermissionError:
+        return None
     if not raw:
         return None
     try:
@@ -237,18 +242,27 @@ def read_nspid(pid: int) -> tuple[int, ...]:
 def task_ids(pid: int) -> list[int]:
     try:
         return [int(t) for t in os.listdir(f"{PROC}/{pid}/task")]
-    except (FileNotFoundError, ProcessLookupError):
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
         return []
 
 
 HAVE_CHILDREN_FILE = os.path.exists(f"{PROC}/self/task/{os.getpid()}/children")
 
 
+def hidden(pid: int) -> bool:
+    """pid exists but /proc will not show it to us (hidepid, or another user's process)."""
+    return os.path.exists(f"{PROC}/{pid}") and read_stat(pid) is None
+
+
 def children(pid: int, tids: list[int] | None = None) -> list[int]:
-    """Direct children of pid, from every thread's children file (~10 µs)."""
+    """Direct children of pid, from every thread's children file (~10 µs); none where /proc
+    refuses them to us."""
     out: list[int] = []
     for tid in tids if tids is not None else task_ids(pid):
-        text = _read(f"{PROC}/{pid}/task/{tid}/children")
+        try:
+            text = _read(f"{PROC}/{pid}/task/{tid}/children")
+        except PermissionError:
+            continue
         if text:
             out.extend(int(c) for c in text.split() if c.isdigit())
     return out

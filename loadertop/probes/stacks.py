@@ -22,6 +22,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 
 from ..model import WAITING_FOR_INDICES, DataWait, Notice
+from . import procfs
 
 # --- classification of the trainer's main thread (pure) ---------------------------
 
@@ -188,11 +189,27 @@ def worker_doing(frames: list[dict]) -> str:
 
 
 def parse_dump(text: str, pid: int) -> WorkerInfo | None:
-    """The worker's main thread from `py-spy dump --json [--locals]`."""
+    """The worker's main thread from `py-spy dump --json [--locals]`; None for anything else
+    (null, {}, [1]: a py-spy of another version, a cut-short output)."""
     try:
         threads = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
+    if not isinstance(threads, list) or not all(isinstance(t, dict) for t in threads):
+        return None
+    for t in threads:
+        frames = t.get("frames")
+        if frames is not None and (not isinstance(frames, list) or not all(isinstance(f, dict) for f in frames)):
+            return None
+        if not all(isinstance(item, dict) for f in frames or () for item in f.get("locals") or ()):
+            return None
+    try:
+        return _parse_threads(threads, pid)
+    except (TypeError, AttributeError, ValueError):
+        return None
+
+
+def _parse_threads(threads: list[dict], pid: int) -> WorkerInfo | None:
     main = next((t for t in threads if t.get("os_thread_id") == pid), None)
     if main is None:
         main = next((t for t in threads if t.get("thread_name") == "MainThread"), None)
@@ -306,6 +323,7 @@ class _Recording:
     output: str
     errors: str
     started_mono: float  # for the hang timeout
+    identity: float | None = None  # the trainer's start time when the window began
 
 
 DUMP_GAP_S = 1.0  # saved-up dumps run at most this often
@@ -351,6 +369,10 @@ class StackSampler:
         self._notices: dict[tuple[str, int | None], Notice] = {}
         self._refused_until: dict[int, float] = {}
         self._next_start: dict[int, float] = {}
+        # Each watched pid's start time: py-spy is pointed at a pid, and a pid may be reused
+        # by an unrelated process (as root, py-spy would read it): checked before and after.
+        self._identity: dict[int, float] = {}
+        self._broken_until = 0.0  # py-spy could not even start: retried after a while
         self._tmp = tempfile.mkdtemp(prefix="loadertop-stacks-")
         self._accepting = True
         self._stop = threading.Event()
@@ -360,12 +382,37 @@ class StackSampler:
 
     # StackSource, called from the tick: only reads what the thread has produced.
 
-    def watch(self, trainers: dict[int, tuple[int, ...]]) -> None:
+    def watch(self, trainers: dict[int, tuple[int, ...]], started: dict[int, float] | None = None) -> None:
+        """Sample these trainers and dump these workers; `started`: each pid's start time
+        (epoch seconds) as the caller saw it, read from /proc where not given."""
+        started = started or {}
         with self._lock:
             changed = trainers != self._targets
             self._targets = dict(trainers)
+            for pid in {*trainers, *(w for ws in trainers.values() for w in ws)}:
+                ident = started.get(pid)
+                if ident is None and pid not in self._identity:
+                    st = procfs.read_stat(pid)
+                    ident = st.started_at if st is not None else None
+                if ident is not None and self._identity.get(pid) != ident:
+                    if pid in self._identity:
+                        self._forget_pid(pid)  # the pid is another process now
+                    self._identity[pid] = ident
         if changed:
             self._wake.set()  # a new trainer or worker: the thread looks now, not at its next wake
+
+    def _forget_pid(self, pid: int) -> None:
+        """What was read of an earlier process with this pid (hold the lock)."""
+        self._windows.pop(pid, None)
+        self._stalled.pop(pid, None)
+        self._stall_since.pop(pid, None)
+        self._workers.pop(pid, None)
+        self._dumped_at.pop(pid, None)
+
+    def _same(self, pid: int, ident: float | None) -> bool:
+        """pid is still the process we were asked to watch."""
+        st = procfs.read_stat(pid)
+        return st is not None and ident is not None and abs(st.started_at - ident) < 0.05
 
     def data_wait(self, trainer_pid: int) -> DataWait | None:
         with self._lock:
@@ -429,6 +476,16 @@ class StackSampler:
             with self._lock:
                 self._notices[(NO_PYSPY.id, None)] = NO_PYSPY
             return
+        while not self._stop.is_set():
+            try:
+                self._loop()
+            except Exception as e:  # noqa: BLE001 (the stack thread must outlive anything)
+                with self._lock:
+                    self._notices[("data_wait_error", None)] = Notice(
+                        "data_wait_error", f"stack sampling failed ({type(e).__name__}: {e}); retrying", None)
+                self._stop.wait(1.0)
+
+    def _loop(self) -> None:
         last_dump = last_loop = time.monotonic() - DUMP_GAP_S
         credit = float(self.dump_burst)
         while not self._stop.is_set():
@@ -436,7 +493,7 @@ class StackSampler:
                 targets = dict(self._targets)
                 accepting = self._accepting
             now = time.monotonic()
-            for pid in targets if accepting else ():
+            for pid in targets if accepting and now >= self._broken_until else ():
                 due = max(self._refused_until.get(pid, 0.0), self._next_start.get(pid, 0.0))
                 if pid not in self._recordings and now >= due:
                     self._start_recording(pid)
@@ -450,7 +507,7 @@ class StackSampler:
             last_loop = now
             gap = min(DUMP_GAP_S, self.dump_interval_s)
             nothing_to_dump = False
-            if credit >= 1.0 - 1e-9 and now - last_dump >= gap:
+            if credit >= 1.0 - 1e-9 and now - last_dump >= gap and now >= self._broken_until:
                 worker = self._next_worker(targets)
                 if worker is None:
                     nothing_to_dump = True  # until watch() brings a new worker, and wakes us
@@ -470,18 +527,35 @@ class StackSampler:
             self._wake.wait(delay)
             self._wake.clear()
 
+    def _cannot_run(self, e: OSError) -> None:
+        """py-spy itself will not start (a broken install, a binary for another machine)."""
+        self._broken_until = time.monotonic() + 60
+        with self._lock:
+            self._notices[("data_wait_no_pyspy", None)] = Notice(
+                "data_wait_no_pyspy", f"py-spy at {self.pyspy} cannot run: {e.strerror or e}",
+                "reinstall it: pip install --force-reinstall py-spy")
+
     def _start_recording(self, pid: int) -> None:
+        with self._lock:
+            ident = self._identity.get(pid)
+        if not self._same(pid, ident):
+            self._next_start[pid] = time.monotonic() + 1.0  # gone, or not ours: the tick will tell
+            return
         output = os.path.join(self._tmp, f"{pid}-{time.monotonic_ns()}.txt")
         errors = output + ".err"
         with open(errors, "w") as err:
-            proc = subprocess.Popen(
-                [self.pyspy, "record", "--format", "raw", "--idle", "--nonblocking", "--threads",
-                 "--rate", str(self.rate_hz), "--duration", str(self.window_s),
-                 "--pid", str(pid), "--output", output],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-            )
+            try:
+                proc = subprocess.Popen(
+                    [self.pyspy, "record", "--format", "raw", "--idle", "--nonblocking", "--threads",
+                     "--rate", str(self.rate_hz), "--duration", str(self.window_s),
+                     "--pid", str(pid), "--output", output],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                )
+            except OSError as e:
+                self._cannot_run(e)
+                return
         with self._lock:
-            self._recordings[pid] = _Recording(proc, time.time(), output, errors, time.monotonic())
+            self._recordings[pid] = _Recording(proc, time.time(), output, errors, time.monotonic(), ident)
 
     def _finish_recording(self, pid: int, rec: _Recording, timed_out: bool = False) -> None:
         ended = time.time()
@@ -493,6 +567,8 @@ class StackSampler:
             except OSError:
                 pass
         counts = parse_raw(text, pid) if text else {}
+        if counts and not self._same(pid, rec.identity):
+            counts = {}  # the pid was reused during the window: not our trainer's samples
         self._next_start[pid] = time.monotonic() + self.gap_s
         with self._lock:
             self._recordings.pop(pid, None)
@@ -543,16 +619,23 @@ class StackSampler:
         self._dumped_at[pid] = now
         with self._lock:
             known = self._workers.get(pid)
+            ident = self._identity.get(pid)
+        if not self._same(pid, ident):
+            return
         args = [self.pyspy, "dump", "--json", "--nonblocking", "--pid", str(pid)]
         if known is None or known.worker_id is None:
             args.insert(3, "--locals")
         try:
-            out = subprocess.run(args, capture_output=True, text=True, timeout=5, stdin=subprocess.DEVNULL)
+            out = subprocess.run(args, capture_output=True, text=True, timeout=5, stdin=subprocess.DEVNULL,
+                                 errors="replace")
         except subprocess.TimeoutExpired:
             return
-        info = parse_dump(out.stdout, pid) if out.returncode == 0 else None
-        if info is None:
+        except OSError as e:
+            self._cannot_run(e)
             return
+        info = parse_dump(out.stdout, pid) if out.returncode == 0 else None
+        if info is None or not self._same(pid, ident):
+            return  # nothing readable, or the pid was reused while py-spy read it
         info = replace(info, read_at=time.time())
         if known is not None and info.worker_id is None:
             iterable = info.iterable if info.iterable is not None else known.iterable

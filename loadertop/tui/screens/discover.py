@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
@@ -29,7 +30,8 @@ class DiscoverScreen(Screen):
         table.clear()
         found = find_trainers(self.app.gpu_pids())
         for t in found:
-            table.add_row(str(t.pid), str(t.workers), "yes" if t.on_gpu else "", t.user, t.command[:100],
+            # Text, not str: a command line like `train.py --tag [/x]` is not markup.
+            table.add_row(str(t.pid), str(t.workers), "yes" if t.on_gpu else "", Text(t.user), Text(t.command[:100]),
                           key=str(t.pid))
         if not found:
             table.add_row("-", "-", "", "", "no process with DataLoader workers or a GPU context found (r: refresh)")

@@ -1,0 +1,317 @@
+"""Trust boundaries (docs/SECURITY.md): hostile recordings, report files, CLI input, the
+exporter's exposure, the picker, hidden /proc entries, and threads that must not die. The
+hook channel's own tests are in test_hook.py, redaction's in test_redact.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+import zlib
+from types import SimpleNamespace
+
+import pytest
+from jobs import REPO, loadertop, wait_for
+from synth import snapshot, trainer
+
+from loadertop import record
+from loadertop.record import MAGIC, Damaged, Recorder, decode, encode
+
+
+def _recording(path, lines: list[bytes]) -> None:
+    z = zlib.compressobj()
+    with open(path, "wb") as f:
+        f.write(MAGIC + z.compress(b"\n".join(lines) + b"\n") + z.flush())
+
+
+def _good() -> dict:
+    """A snapshot as a recording holds it (JSON: tuples are lists)."""
+    return json.loads(json.dumps(encode(snapshot(0, [trainer()]))))
+
+
+# --- recordings and reports a stranger hands us ---------------------------------------------
+
+
+def test_a_zlib_bomb_is_read_only_up_to_the_cap(tmp_path, monkeypatch):
+    monkeypatch.setattr(record, "MAX_DECOMPRESSED", 4 << 20)
+    path = tmp_path / "bomb.ltrec"
+    z = zlib.compressobj(9)
+    good = json.dumps(_good()).encode() + b"\n"
+    with open(path, "wb") as f:
+        f.write(MAGIC + z.compress(good))
+        for _ in range(64):  # 64 MiB of newlines in a few KiB
+            f.write(z.compress(b"\n" * (1 << 20)))
+        f.write(z.flush())
+    assert path.stat().st_size < 200_000
+    rec = record.read(str(path))
+    assert len(rec.snapshots) == 1 and "inflates past 4 MiB" in rec.problem
+
+
+@pytest.mark.parametrize("field,value", [("time", "soon"), ("time", float("nan")), ("time", 1e20),
+                                         ("monotonic", [1]), ("interval_s", None)])
+def test_a_damaged_field_is_a_problem_not_a_traceback(tmp_path, field, value):
+    bad = _good()
+    bad[field] = value
+    path = tmp_path / "bad.ltrec"
+    _recording(path, [json.dumps(_good()).encode(), json.dumps(bad, allow_nan=True).encode()])
+    rec = record.read(str(path))
+    assert len(rec.snapshots) == 1 and "snapshot 2 is damaged" in rec.problem
+    r = loadertop("snapshot", "--from", str(path), "--json")
+    assert r.returncode == 0 and "Traceback" not in r.stderr and "damaged" in r.stderr
+
+
+def test_a_short_list_and_a_wrong_type_deep_inside_are_refused():
+    bad = _good()
+    bad["host"]["load_avg"] = [1.0]
+    with pytest.raises(Damaged):
+        decode(bad)
+    bad = _good()
+    bad["trainers"][0]["workers"][0]["pid"] = "4001"
+    with pytest.raises(Damaged):
+        decode(bad)
+    assert decode(_good()) == snapshot(0, [trainer()])
+
+
+def test_the_html_report_escapes_everything_a_recording_holds(tmp_path):
+    from dataclasses import replace
+
+    snap = snapshot(0, [trainer()])
+    evil = "<script>alert(1)</script>"
+    t = snap.trainers[0]
+    t = replace(t, cmdline=(evil,), workers=tuple(replace(w, doing=evil) for w in t.workers))
+    snap = replace(snap, trainers=(t,), host=replace(snap.host, hostname=evil))
+    path = tmp_path / "evil.ltrec"
+    rec = Recorder(str(path))
+    rec.write(snap)
+    rec.close()
+    out = tmp_path / "evil.html"
+    r = loadertop("snapshot", "--from", str(path), "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "<script>" not in out.read_text(encoding="utf-8")
+
+
+# --- report and recording files ---------------------------------------------------------------
+
+
+def test_reports_and_recordings_are_private_whole_and_utf8(tmp_path):
+    from loadertop.report import write_file
+
+    path = tmp_path / "r.md"
+    write_file(str(path), "données ✓")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert path.read_bytes().decode("utf-8") == "données ✓"
+    assert [p.name for p in tmp_path.iterdir()] == ["r.md"]  # no temporary file left
+    rec = tmp_path / "r.ltrec"
+    Recorder(str(rec)).close()
+    assert stat.S_IMODE(rec.stat().st_mode) == 0o600
+
+
+def test_an_ascii_locale_and_a_non_utf8_command_line_still_write_the_report(tmp_path):
+    # A command line with bytes that are not UTF-8, written under LC_ALL=C.
+    target = subprocess.Popen(["sh", "-c", "sleep 30", b"sh-\xff\xfe-caf\xc3\xa9"])
+    try:
+        out = tmp_path / "r.md"
+        env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONIOENCODING": "ascii"}
+        r = subprocess.run([sys.executable, "-m", "loadertop", "snapshot", str(target.pid), "--duration", "1",
+                            "--no-stacks", "-o", str(out)], capture_output=True, text=True, env=env, cwd=REPO,
+                           timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert "café" in out.read_text(encoding="utf-8")
+    finally:
+        target.kill()
+        target.wait()
+
+
+def test_a_fifo_at_the_output_path_is_refused_not_blocked_on(tmp_path):
+    fifo = tmp_path / "r.json"
+    os.mkfifo(fifo)
+    started = time.monotonic()
+    r = loadertop("snapshot", "1", "-o", str(fifo))
+    assert r.returncode == 2 and "not a regular file" in r.stderr and r.stderr.count("\n") == 1
+    assert time.monotonic() - started < 30
+    r = loadertop("record", str(os.getpid()), "-o", str(fifo), "--duration", "1")
+    assert r.returncode == 2 and "not a regular file" in r.stderr
+
+
+# --- CLI input -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args,message", [
+    (["snapshot", "1", "--duration", "inf"], "finite"),
+    (["snapshot", "1", "--duration", "nan"], "finite"),
+    (["record", "1", "-o", "x.ltrec", "--interval", "1e400"], "finite"),
+    (["export", "1", "--listen", "127.0.0.1:²"], "HOST:PORT"),
+    (["export", "1", "--listen", "127.0.0.1:٣"], "HOST:PORT"),
+])
+def test_bad_numbers_are_one_line_errors(args, message):
+    r = loadertop(*args)
+    assert r.returncode == 2 and message in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_pid_1_is_refused_unless_it_is_the_training_script():
+    r = loadertop("snapshot", "1", "--duration", "1")
+    with open("/proc/1/comm") as f:
+        comm = f.read().strip()
+    if comm.startswith("python"):
+        pytest.skip("PID 1 here is a Python process (a container's training script)")
+    assert r.returncode == 2 and "init process" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_listening_on_every_interface_warns_and_says_how_to_restrict_it():
+    from test_export import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "loadertop", "export", str(os.getpid()), "--listen",
+                             f"0.0.0.0:{port}", "--no-stacks"], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        assert "every interface" in line and "127.0.0.1" in line
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+# --- the exporter ------------------------------------------------------------------------------
+
+
+class _FlakySampler:
+    """A sampler whose second tick raises: sampling must go on."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+
+    def tick(self):
+        self.ticks += 1
+        if self.ticks == 2:
+            raise RuntimeError("boom")
+        return snapshot(self.ticks, [trainer()])
+
+    def close(self) -> None:
+        pass
+
+
+def _text(exporter) -> str:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.exposition import generate_latest
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(exporter)
+    return generate_latest(registry).decode()
+
+
+def test_an_exporter_tick_that_fails_is_counted_and_sampling_goes_on(capsys):
+    from loadertop.export import Exporter
+
+    exporter = Exporter(_FlakySampler(), interval_s=1.0)
+    for _ in range(3):
+        exporter.sample_once()
+    text = _text(exporter)
+    assert "loadertop_sample_errors_total 1.0" in text
+    assert "loadertop_last_sample_timestamp_seconds" in text and "loadertop_trainer_up" in text
+    assert "sampling goes on" in capsys.readouterr().err
+
+
+def test_a_stale_snapshot_is_not_served_as_current(monkeypatch):
+    from loadertop import export
+
+    exporter = export.Exporter(_FlakySampler(), interval_s=1.0)
+    exporter.sample_once()
+    assert "loadertop_trainer_up{" in _text(exporter)
+    monkeypatch.setattr(export.time, "time", lambda: exporter.last_sample_at + 60)
+    text = _text(exporter)
+    assert "loadertop_trainer_up{" not in text and "loadertop_last_sample_timestamp_seconds" in text
+
+
+def test_worker_series_are_labelled_by_worker_id_not_pid():
+    from loadertop.export import Exporter
+
+    exporter = Exporter(_FlakySampler(), interval_s=1.0)
+    exporter.sample_once()
+    text = _text(exporter)
+    cpu = [line for line in text.splitlines() if line.startswith("loadertop_cpu_percent{")]
+    assert cpu and not any(re.search(r'[{,]pid="', line) for line in cpu)
+    assert 'worker_id="0"' in text and 'loadertop_process_info{' in text and 'pid="4001"' in text
+
+
+def test_the_exporter_caps_connections_and_drops_silent_clients(monkeypatch):
+    from test_export import free_port
+
+    from loadertop import export
+
+    monkeypatch.setattr(export, "MAX_CONNECTIONS", 2)
+    monkeypatch.setattr(export, "IDLE_TIMEOUT_S", 1.0)
+    port = free_port()
+    sampler = SimpleNamespace(tick=lambda: snapshot(0, [trainer()]), close=lambda: None)
+    thread = threading.Thread(target=export.serve, args=(sampler, f"127.0.0.1:{port}", 0.5), daemon=True)
+    thread.start()
+    wait_for(lambda: _connects(port), 10, what="the server")
+    silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]  # slowloris: say nothing
+    try:
+        time.sleep(0.3)
+        # Over the cap: closed at once rather than queued behind the silent ones.
+        extra = socket.create_connection(("127.0.0.1", port))
+        extra.settimeout(2)
+        assert extra.recv(1) == b""
+        # A silent client is dropped after the idle timeout; then scrapes work again.
+        time.sleep(1.5)
+        from test_export import scrape
+
+        assert "loadertop_trainer_up" in wait_for(lambda: scrape(port), 10, what="a scrape")
+    finally:
+        for s in silent:
+            s.close()
+
+
+def _connects(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False
+
+
+# --- the picker --------------------------------------------------------------------------------
+
+
+async def test_the_picker_shows_a_command_line_with_markup_as_it_is(monkeypatch):
+    from loadertop.discover import Candidate
+    from loadertop.tui import app as tui_app
+    from loadertop.tui.screens import discover
+
+    monkeypatch.setattr(discover, "find_trainers",
+                        lambda gpu: [Candidate(4242, 2, False, "me", "python train.py --tag [/x] [b]bold")])
+    app = tui_app.LoadertopApp(None)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await pilot.pause(0.2)
+        table = app.screen.query_one("#trainers")
+        assert "[/x] [b]bold" in str(table.get_row_at(0)[4])
+
+
+# --- /proc that refuses us ---------------------------------------------------------------------
+
+
+def test_proc_entries_we_may_not_read_are_gone_to_us_not_a_crash(tmp_path, monkeypatch):
+    from loadertop.probes import procfs
+
+    fake = tmp_path / "proc"
+    (fake / "77" / "task" / "77").mkdir(parents=True)
+    (fake / "77" / "stat").write_text("77 (python) S 1 " + "0 " * 48)
+    (fake / "77" / "task" / "77" / "children").write_text("78")
+
+    def refuse(path, *a, **kw):
+        if path.startswith(str(fake)):
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, *a, **kw)
+
+    real_open = os.open
+    monkeypatch.setattr(procfs, "PROC", str(fake))
+    monkeypatch.setattr(procfs.os, "open", refuse)
+    assert procfs.read_stat(77) is None
+    assert procfs.children(77) == []
+    assert procfs.hidden(77)
