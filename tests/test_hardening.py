@@ -227,11 +227,11 @@ def test_hundreds_of_workers_churning_leave_loadertop_flat(job):
         run(8)  # warm: imports, caches, the first py-spy windows
         gc.collect()
         rss0, fds0, seen0 = _rss_kib(), _open_fds(), len(seen)
-        run(25)
+        run(15)
         gc.collect()
         rss1, fds1 = _rss_kib(), _open_fds()
         churned = len(seen) - seen0
-        assert churned >= 100, f"only {churned} workers churned"
+        assert churned >= 60, f"only {churned} workers churned"
         assert fds1 <= fds0 + 4, (fds0, fds1)
         assert rss1 - rss0 < 6 * 1024, f"RSS grew {rss1 - rss0} KiB over {churned} workers"
         assert len(history) <= 200

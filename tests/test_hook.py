@@ -261,3 +261,25 @@ def test_a_full_dev_shm_disables_the_hook_instead_of_killing_the_job():
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
     assert r.returncode == 0, r.stderr  # 135 would be SIGBUS
     assert r.stdout.split() == ["6", "1", "True"]
+
+
+@pytest.mark.skipif(not shutil.which("unshare"), reason="needs unshare")
+def test_a_trainer_in_its_own_pid_namespace_is_matched_through_nspid(job):
+    """In a container the hook names its file with the container's pid; the host reads the
+    trainer under its host pid: the two meet through NSpid."""
+    r = subprocess.run(["unshare", "-p", "-f", "--mount-proc", "true"], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip("pid namespaces are not permitted here")
+    from jobs import PYTHON
+
+    j = job("--workers", "1", "--persistent", "--item-ms", "6", "--batch-size", "8", "--step-ms", "10", "--watch",
+            cmd=["unshare", "-p", "-f", "--mount-proc", PYTHON])
+    j.wait_ready()
+    time.sleep(2)
+    r = loadertop("snapshot", str(j.pid), "--duration", "3", "--interval", "0.5", "--json", "--no-stacks")
+    assert r.returncode == 0, r.stderr
+    trainer = only_trainer(json.loads(r.stdout))
+    with open(f"/proc/{trainer['pid']}/status") as f:
+        inner = int(f.read().split("NSpid:")[1].splitlines()[0].split()[-1])
+    assert inner != trainer["pid"]
+    assert trainer["data_wait"]["source"] == "hook" and trainer["data_wait_fraction"] > 0.3

@@ -371,6 +371,14 @@ def test_loader_stalled_when_every_stack_stays_on_one_frame():
     moving = diagnose(story(30, lambda t: make(t, lambda t: f"decode (img.py:{t % 7})")))
     assert "loader_stalled" not in ids(moving)
 
+    # A CPU-bound item's hot loop is one line too: two dumps on it are not yet a hang.
+    def sparse(t):
+        tr = _with_workers(trainer(wait=data_wait(1.0, stalled=float(t))), doing="work (items.py:3)",
+                           doing_at=T0 + t - t % 15, cpu_percent=100.0, ctx_switches_voluntary_per_s=50.0)
+        return snapshot(t, [tr])
+
+    assert "loader_stalled" not in ids(diagnose(story(30, sparse)))
+
 
 def test_healthy_job_has_no_findings_at_all():
     h = story(120, lambda t: snapshot(t, [trainer(workers=4, worker_cpu=60.0, wait=0.01, pin_memory_thread=True,

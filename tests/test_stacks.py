@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -250,4 +251,56 @@ def test_duty_cycle_dumps_new_workers_at_once_and_counts_a_stall_across_gaps(job
     finally:
         for w in worker_pids(j.pid):
             os.kill(w, signal.SIGCONT)
+        sampler.close()
+
+
+# --- a py-spy that misbehaves, a pid that is reused --------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["null", "{}", "[1]", '[{"frames": 3}]', '[{"frames": [{"locals": [7]}]}]',
+                                  "[" * 1500 + "]" * 1500, "not json"])
+def test_a_dump_of_any_other_shape_is_nothing_not_an_exception(text):
+    assert parse_dump(text, 1234) is None
+
+
+def test_a_py_spy_that_cannot_run_is_a_notice_and_the_thread_goes_on(tmp_path):
+    import threading
+
+    from jobs import wait_for
+
+    broken = tmp_path / "py-spy"
+    broken.write_bytes(b"\x7fELF not really")  # ENOEXEC: a binary for some other machine
+    broken.chmod(0o755)
+    sampler = stacks.StackSampler(window_s=1, pyspy=str(broken))
+    try:
+        sampler.watch({os.getpid(): ()})
+        notices = wait_for(lambda: sampler.notices() or None, 10, what="a notice")
+        assert any("cannot run" in n.message and "pip install" in (n.fix or "") for n in notices)
+        time.sleep(0.3)
+        assert sampler._thread.is_alive() and threading.active_count() >= 2
+    finally:
+        sampler.close()
+
+
+def test_py_spy_is_never_pointed_at_a_pid_whose_process_changed(job):
+    """The start time given for a pid is checked before py-spy reads it: a pid reused by
+    another process (here: an identity that does not match) is never sampled, and what was
+    read of an earlier process with the pid is dropped."""
+    from jobs import wait_for
+
+    from loadertop.probes.procfs import read_stat
+
+    j = job("--workers", "1", "--persistent", "--item-ms", "5")
+    j.wait_ready()
+    started = read_stat(j.pid).started_at
+    sampler = stacks.StackSampler(window_s=1)
+    try:
+        sampler.watch({j.pid: ()}, {j.pid: started - 100.0})  # "the process we meant started earlier"
+        time.sleep(3)
+        assert sampler.data_wait(j.pid) is None and not sampler._recordings
+        sampler.watch({j.pid: ()}, {j.pid: started})  # now the right one: sampled
+        wait_for(lambda: sampler.data_wait(j.pid), 20, what="a window of the real process")
+        sampler.watch({j.pid: ()}, {j.pid: started + 100.0})  # the pid is someone else now
+        assert sampler.data_wait(j.pid) is None
+    finally:
         sampler.close()

@@ -338,7 +338,7 @@ class StackSampler:
         rate_hz: int = 10,
         rolling_s: float = 30.0,
         dump_interval_s: float = 1.0,
-        stall_fraction: float = 0.95,
+        stall_fraction: float = 1.0,
         pyspy: str | None = None,
         gap_s: float = 0.0,
         refresh_doing: bool = True,
@@ -585,6 +585,8 @@ class StackSampler:
                 windows.append(_Window(rec.started, ended, counts))
                 total = sum(v for k, v in counts.items() if k != ITERABLE)
                 waiting = counts.get(WAIT, 0) + counts.get(MAIN, 0)
+                # Stalled: every sample of the window inside next(). A loop that waits 97%
+                # still receives batches: its few samples elsewhere are its steps.
                 if waiting >= self.stall_fraction * total:
                     # From the start of the first of consecutive stalled windows: a loop that
                     # waited all through two windows waited in the gap between them too.

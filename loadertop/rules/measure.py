@@ -287,7 +287,9 @@ def hang_signature(trainer: TrainerSnapshot, stall: Sequence[TrainerSnapshot], s
     for w in samples:
         if w.doing and w.doing_at is not None and w.doing_at >= since:
             frames.setdefault(w.pid, {})[w.doing_at] = w.doing
-    if len(frames) == len(pids) and all(len(f) >= 2 and len(set(f.values())) == 1
+    # A CPU-bound worker's hot loop is one line too: only several dumps, all on it, while the
+    # loop never left next(), make it a hang rather than a slow item.
+    if len(frames) == len(pids) and all(len(f) >= T.HANG_SAME_FRAME_DUMPS and len(set(f.values())) == 1
                                         and WAITING_FOR_INDICES not in f.values() for f in frames.values()):
         return "one frame"
     return None

@@ -65,6 +65,7 @@ HANG_MIN_S = 5.0
 STALL_S = 20.0
 IDLE_WORKER_CPU = 2.0
 IDLE_WORKER_SWITCHES = 5.0
+HANG_SAME_FRAME_DUMPS = 3
 
 # Rates are averaged over the data wait's own window, within these bounds.
 WINDOW_MIN_S = 10.0
