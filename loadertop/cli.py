@@ -319,10 +319,9 @@ def _sample_for_snapshot(args: argparse.Namespace):
     _check_pids(args.pids)
     stacks = None
     if not args.no_stacks:
-        from .probes.stacks import StackSampler
+        from .probes.stacks import StackSampler, snapshot_profile
 
-        # One py-spy window spans the whole snapshot, so data wait covers the same time.
-        stacks = StackSampler(window_s=max(1, int(args.duration)), rolling_s=args.duration + 60)
+        stacks = StackSampler.of(snapshot_profile(args.duration))
     # A snapshot is short and its report should be complete: it reads smaps (USS/PSS) four
     # times as often as the live monitor, within ten times its budget per tick.
     processes = ProcessSampler(slow_interval_s=3.0, slow_budget_s=0.05)
@@ -354,11 +353,9 @@ def cmd_record(args: argparse.Namespace) -> int:
     _check_output(args.output, formats=())
     stacks = None
     if not args.no_stacks:
-        from .probes.stacks import StackSampler
+        from .probes.stacks import RECORDING, StackSampler
 
-        # A recording is replayed tick by tick: back-to-back 10 s windows (the live view has
-        # one every 30 s) and a worker dump every 10 s (3.8% of a core with 5 s / 2 s).
-        stacks = StackSampler(window_s=10, rolling_s=30.0, dump_interval_s=10.0)
+        stacks = StackSampler.of(RECORDING)
     sampler = Sampler(args.pids, interval_s=args.interval, stacks=stacks)
     try:
         recorder = Recorder(args.output)
@@ -396,11 +393,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     stacks = None
     if not args.no_stacks:
-        from .probes.stacks import StackSampler
+        from .probes.stacks import EXPORTER, StackSampler
 
-        # A 10 s window every minute: a dashboard needs the trend, not every second; each
-        # worker is dumped once, for its worker_id label (no metric shows what it is doing).
-        stacks = StackSampler(window_s=10, rolling_s=120.0, dump_interval_s=2.0, gap_s=50.0, refresh_doing=False)
+        stacks = StackSampler.of(EXPORTER)
     sampler = Sampler(args.pids, interval_s=args.interval, stacks=stacks)
     print(f"loadertop: metrics on http://{args.listen}/metrics (Ctrl-C stops)", file=sys.stderr)
     try:

@@ -56,9 +56,16 @@ def _small_shm_wrapper() -> list[str] | None:
     return ["unshare", "-m", "--propagation", "private", "sh", "-c", script]
 
 
-def start_job(scenario: str, duration_s: float = 24 * 3600) -> tuple[subprocess.Popen, str | None]:
+def start_job(scenario: str, duration_s: float = 24 * 3600,
+              argv0: str | None = None) -> tuple[subprocess.Popen, str | None]:
+    """argv0: what the job's command line shows for the interpreter (screenshots show
+    `python3`, not the path of the machine they were made on)."""
     _, flags = SCENARIOS[scenario]
-    cmd = [sys.executable, "-m", "loadertop.demo_job", *flags, "--duration", str(duration_s)]
+    cmd = [argv0 or sys.executable, "-m", "loadertop.demo_job", *flags, "--duration", str(duration_s)]
+    env = None
+    if argv0:
+        # The interpreter finds its own prefix (and torch) from argv[0] on PATH.
+        env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
     note = None
     if scenario == "shm":
         wrapper = _small_shm_wrapper()
@@ -67,7 +74,8 @@ def start_job(scenario: str, duration_s: float = 24 * 3600) -> tuple[subprocess.
         else:
             note = "not root: the shm scenario runs with this machine's /dev/shm and may not fill it"
     log = tempfile.NamedTemporaryFile(prefix="loadertop-demo-", suffix=".log", delete=False)  # noqa: SIM115
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True, preexec_fn=_die_with_parent)
+    executable = sys.executable if argv0 and cmd[0] == argv0 else None  # a wrapper runs argv0 through PATH
+    proc = subprocess.Popen(cmd, executable=executable, stdin=subprocess.DEVNULL, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent, env=env)
     log.close()
     return proc, note

@@ -18,6 +18,7 @@ import mmap
 import os
 import stat
 import struct
+import sys
 import time
 import warnings
 
@@ -160,10 +161,14 @@ class _Publisher:
 
     def publish_workers(self, pids: list[int]) -> None:
         """A new iterator started its workers: say which processes they are."""
-        if self.map is None or pids == self.config.get("worker_pids"):
+        if pids != self.config.get("worker_pids"):
+            self.publish_config({**self.config, "worker_pids": pids})
+
+    def publish_config(self, config: dict) -> None:
+        if self.map is None:
             return
         try:
-            self.config = {**self.config, "worker_pids": pids}
+            self.config = config
             blob = json.dumps(self.config, default=str).encode()
             if len(blob) > SIZE - CONFIG_AT:
                 return  # too many to list: the monitor falls back to the workers it finds
@@ -177,6 +182,14 @@ class _Publisher:
         if self.map is not None:
             try:
                 struct.pack_into("<d", self.map, IN_NEXT_AT, time.time())
+            except Exception:  # the hook must never break training
+                self.map = None
+
+    def idle(self) -> None:
+        """Not waiting for a batch any more, and none came (the loop does something else)."""
+        if self.map is not None:
+            try:
+                struct.pack_into("<d", self.map, IN_NEXT_AT, 0.0)
             except Exception:  # the hook must never break training
                 self.map = None
 
@@ -204,6 +217,25 @@ class _Publisher:
                 pass
             _unlink(self.path)
             self.map = None
+        if _live.get(self.path) is self:
+            del _live[self.path]
+
+
+# This process's publishers by path: a loader watched again under its name (re-created each
+# epoch, resumed from a state_dict, rebuilt by a framework) goes on with the same figures.
+_live: dict[str, _Publisher] = {}
+
+
+def publisher(name: str, config: dict, directory: str = DIRECTORY) -> _Publisher:
+    path = hook_path(os.getpid(), name, directory)
+    pub = _live.get(path)
+    if pub is not None and pub.map is not None:
+        pub.publish_config({**config, "worker_pids": pub.config.get("worker_pids", [])})
+        return pub
+    pub = _Publisher(name, config, directory)
+    if pub.map is not None:
+        _live[path] = pub
+    return pub
 
 
 def _unlink(path: str) -> None:
@@ -243,7 +275,7 @@ class WatchedLoader:
 
     def __init__(self, loader, name: str | None = None, directory: str = DIRECTORY) -> None:
         self._loader = loader
-        self._pub = _Publisher(name or f"loader{next(_names)}", _config(loader), directory)
+        self._pub = publisher(name or f"loader{next(_names)}", _config(loader), directory)
 
     def __iter__(self):
         it = iter(self._loader)
@@ -259,4 +291,20 @@ class WatchedLoader:
 
 def watch(loader, name: str | None = None, directory: str = DIRECTORY):
     """Wrap a DataLoader so that loadertop reads its exact data wait. Returns the wrapper."""
+    _warn_before_prepare(loader)
     return WatchedLoader(loader, name, directory)
+
+
+_ACCELERATE_LOADERS = ("DataLoaderShard", "DataLoaderDispatcher")
+
+
+def _warn_before_prepare(loader) -> None:
+    """Accelerate's prepare() passes what is not a DataLoader (our wrapper) through as it is:
+    unsharded across ranks. Watching the loader prepare() returns is the order that works.
+    Said where an Accelerator exists in this process (its shared state is set)."""
+    state = sys.modules.get("accelerate.state")
+    in_use = bool(getattr(getattr(state, "PartialState", None), "_shared_state", None))
+    if in_use and type(loader).__name__ not in _ACCELERATE_LOADERS:
+        warnings.warn("loadertop.watch: with Accelerate, watch the loader accelerator.prepare() returns "
+                      "(loader = loadertop.watch(accelerator.prepare(loader))): prepare() does not shard a "
+                      "watched loader", RuntimeWarning, stacklevel=3)

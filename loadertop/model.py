@@ -66,6 +66,7 @@ class ProcessSample:
     doing_at: float | None = None  # when that stack was read (epoch seconds)
     thread_pools: tuple[str, ...] = ()  # compute pools its libraries run (OpenMP, MKL, OpenBLAS, OpenCV)
     read_bytes_per_s: float | None = None  # everything it reads (files, sockets, pipes), slow cadence
+    found_by: str | None = None  # a worker: how it was recognised (name, hook, stack; probes.procs)
 
 
 # What a worker's stack shows when it has finished every batch asked of it: the loader is ahead.
@@ -184,12 +185,6 @@ class Snapshot:
     events: tuple[Event, ...] = ()
     notices: tuple[Notice, ...] = ()
     jobs: tuple[int, ...] = field(default=())  # the PIDs the user named
-
-    def trainer(self, pid: int) -> TrainerSnapshot | None:
-        for t in self.trainers:
-            if t.pid == pid:
-                return t
-        return None
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ import os
 import types
 import typing
 import zlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .files import open_private
@@ -198,7 +197,3 @@ def read(path: str) -> Recording:
             problem = problem or f"snapshot {i + 1} is damaged{why}: read the {len(snapshots)} before it"
             break
     return Recording(snapshots, problem)
-
-
-def iter_snapshots(path: str) -> Iterator[Snapshot]:
-    yield from read(path).snapshots

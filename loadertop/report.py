@@ -53,6 +53,7 @@ def _process(p: ProcessSample, window: Sequence[ProcessSample]) -> dict:
         "thread_pools": list(p.thread_pools),
         "read_bytes_per_s": _mean(w.read_bytes_per_s for w in window),
         "started_at": iso(p.started_at),
+        **({"found_by": p.found_by} if p.found_by is not None else {}),
     }
 
 

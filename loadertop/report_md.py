@@ -20,7 +20,7 @@ def _cpus(t: dict) -> str:
     return f"{_num(t['usable_cpus'])} usable CPUs{quota}"
 
 
-def _plan_line(t: dict) -> str:
+def plan_line(t: dict) -> str:
     """The one change to make and its predicted effect, or why there is none."""
     plan = t.get("plan")
     if not plan:
@@ -49,7 +49,7 @@ def render(report: dict) -> str:
     )
     lines.append("")
     for t in report["trainers"]:
-        lines.append(f"- **Trainer {t['pid']}: {t.get('verdict') or 'n/a'}**, {_cpus(t)}. {_plan_line(t)}")
+        lines.append(f"- **Trainer {t['pid']}: {t.get('verdict') or 'n/a'}**, {_cpus(t)}. {plan_line(t)}")
     lines.append("")
     if report["findings"]:
         lines.append("## Findings")

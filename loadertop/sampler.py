@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from . import notices as N
 from .model import DataWait, Event, LoaderConfig, Notice, ProcessSample, Snapshot, TrainerSnapshot
 from .probes import procfs
 from .probes.cgroup import CpuLimit, cpu_limit, memory_headroom
@@ -32,7 +33,9 @@ MEMORY_HEADROOM_REFRESH_S = 5.0
 class StackSource(Protocol):
     """What the sampler needs from stack sampling (py-spy): never blocks the tick."""
 
-    def watch(self, trainers: dict[int, tuple[int, ...]], started: dict[int, float] | None = None) -> None: ...
+    def watch(self, trainers: dict[int, tuple[int, ...]], started: dict[int, float] | None = None,
+              candidates: Iterable[int] = ()) -> None: ...
+    def loader_worker(self, pid: int) -> bool | None: ...
     def data_wait(self, trainer_pid: int) -> DataWait | None: ...
     def worker(self, pid: int) -> WorkerInfo | None: ...
     def stop_after_window(self) -> None: ...
@@ -53,7 +56,7 @@ class NoticeBoard:
 
 
 def job_status_notice(pid: int) -> Notice:
-    return Notice("job_exited", f"job {pid} has exited; showing its last data", None, pid)
+    return Notice(N.JOB_EXITED, f"job {pid} has exited; showing its last data", None, pid)
 
 
 def describe_exit(code: int | None) -> str:
@@ -72,15 +75,15 @@ def describe_exit(code: int | None) -> str:
 def trainer_exit_notice(pid: int, code: int | None) -> Notice:
     """How the trainer ended, as far as its exit status was caught: a crash is told apart."""
     if code is None:
-        return Notice("trainer_exited", f"trainer {pid} has exited; showing its last data", None, pid)
+        return Notice(N.TRAINER_EXITED, f"trainer {pid} has exited; showing its last data", None, pid)
     if code == 0:
-        return Notice("trainer_exited", f"trainer {pid} has exited normally; showing its last data", None, pid)
+        return Notice(N.TRAINER_EXITED, f"trainer {pid} has exited normally; showing its last data", None, pid)
     fix = None
     if code & 0x7F == signals.SIGKILL:
         fix = "SIGKILL out of nowhere is usually the kernel's OOM killer: check `dmesg | grep -i oom`"
     elif code & 0x7F == signals.SIGBUS:
         fix = "a Bus error in a DataLoader job is usually a full /dev/shm: raise --shm-size"
-    return Notice("trainer_crashed", f"trainer {pid} died ({describe_exit(code)}); showing its last data", fix, pid)
+    return Notice(N.TRAINER_CRASHED, f"trainer {pid} died ({describe_exit(code)}); showing its last data", fix, pid)
 
 
 @dataclass
@@ -139,6 +142,7 @@ class Sampler:
         self.exits = ExitWatch()
         self.hooks = HookReader()
         self.jobs: list[_Job] = []
+        self._candidates: dict[int, Key] = {}  # children a stack dump is to tell apart (probes.procs)
         for pid in pids:
             st = procfs.read_stat(pid)
             if st is None:
@@ -162,6 +166,7 @@ class Sampler:
         live: set[Key] = set()
         trainers: list[TrainerSnapshot] = []
         self.processes.begin_tick()
+        self._recognise_workers()
         walked = [(job, *self._walk_job(job, mono, board)) for job in self.jobs]
         # smaps and threads first, so this tick's samples carry what they read; one budget
         # for every job, stalest first, so that no job's processes starve the others'.
@@ -175,10 +180,16 @@ class Sampler:
         self.exits.watch(live)
         if self.stacks is not None:
             running = [t for t in trainers if t.status == "running"]
+            owners = {t.pid for t in trainers}
+            self._candidates = {pid: key_of(tree.stats[pid]) for _, tree, _ in walked for pid in tree.candidates
+                                if pid not in owners and pid not in tree.workers}
             self.stacks.watch(
                 {t.pid: tuple(w.pid for w in t.workers) for t in running},
                 # Who each pid is: py-spy is pointed at pids, and checks them against these.
-                {p.pid: p.started_at for t in running for p in (t.main, *t.workers)},
+                {p.pid: p.started_at for t in running for p in (t.main, *t.workers)}
+                | {pid: tree.stats[pid].started_at for _, tree, _ in walked for pid in tree.candidates
+                   if pid in self._candidates},
+                candidates=self._candidates,
             )
             for n in self.stacks.notices():
                 board.add(n)
@@ -190,7 +201,7 @@ class Sampler:
         if self.stacks is None and not any(t.data_wait for t in trainers):
             board.add(
                 Notice(
-                    "data_wait_off",
+                    N.DATA_WAIT_OFF,
                     "data wait is not measured: stack sampling is off",
                     "run without --no-stacks (needs py-spy and ptrace), or add loader = loadertop.watch(loader)",
                 )
@@ -199,7 +210,7 @@ class Sampler:
         for pid in self.processes.denied_memory & {t.pid for t in trainers}:
             board.add(
                 Notice(
-                    "memory_permission",
+                    N.MEMORY_PERMISSION,
                     f"USS/PSS of trainer {pid} and its workers cannot be read (smaps is "
                     "closed to other users)",
                     "run loadertop as the trainer's user, or as root",
@@ -217,6 +228,18 @@ class Sampler:
             notices=tuple(board.items.values()),
             jobs=tuple(j.pid for j in self.jobs),
         )
+
+    def _recognise_workers(self) -> None:
+        """Workers that do not carry torch's worker name (torchdata's StatefulDataLoader):
+        those the hooks published, and candidates a stack dump showed in a worker loop."""
+        self.discovery.hook_workers = {
+            trainer: {p for c in configs.values() for p in c.get("worker_pids") or ()}
+            for (trainer, _), configs in self.hooks.configs.items()
+        }
+        if self.stacks is not None:
+            for pid, key in self._candidates.items():
+                if self.stacks.loader_worker(pid):
+                    self.discovery.stack_workers.add(key)
 
     def _walk_job(self, job, mono, board):
         """The job's process tree this tick, and its trainer pids."""
@@ -287,7 +310,7 @@ class Sampler:
         if d.is_launcher(root):
             board.add(
                 Notice(
-                    "no_trainer",
+                    N.NO_TRAINER,
                     f"launcher {root.pid} has not started its ranks yet",
                     None,
                     root.pid,
@@ -302,7 +325,7 @@ class Sampler:
                 return [pid]
         board.add(
             Notice(
-                "not_python",
+                N.NOT_PYTHON,
                 f"process {root.pid} ({root.comm}) is not Python and starts no Python process",
                 "give loadertop the PID of the training script (python train.py) or its launcher",
                 root.pid,
@@ -337,7 +360,7 @@ class Sampler:
                 state.zombie_codes.setdefault(wkey, wst.exit_code)
                 continue
             live.add(wkey)
-            workers[wkey] = self.processes.sample(wst, now)
+            workers[wkey] = self.processes.sample(wst, now, found_by=tree.found_by.get(wst.pid))
         for wkey in workers:
             if wkey not in state.workers:
                 if state.any_worker_exited:
@@ -361,7 +384,7 @@ class Sampler:
         if not workers:
             board.add(
                 Notice(
-                    "no_workers",
+                    N.NO_WORKERS,
                     f"trainer {pid} has no DataLoader workers (yet): it has not started a "
                     "loader with num_workers > 0, or it loads in the main process",
                     None,
@@ -371,7 +394,7 @@ class Sampler:
         if state.env is None:
             board.add(
                 Notice(
-                    "env_permission",
+                    N.ENV_PERMISSION,
                     f"the environment of trainer {pid} cannot be read: rank and thread "
                     "variables unknown",
                     "run loadertop as the trainer's user, or as root",
@@ -552,13 +575,3 @@ class History:
 
     def __getitem__(self, index: int) -> Snapshot:
         return self._items[index]
-
-    @property
-    def latest(self) -> Snapshot | None:
-        return self._items[-1] if self._items else None
-
-    def since(self, seconds: float) -> list[Snapshot]:
-        if not self._items:
-            return []
-        cutoff = self._items[-1].monotonic - seconds
-        return [s for s in self._items if s.monotonic >= cutoff]

@@ -1,11 +1,16 @@
 """Screenshots of the real TUI on the demo scenarios: each runs the built-in job, attaches
 the real app headless at a fixed size, waits until its finding shows (or a timeout), and
-saves an SVG. Run: python screenshots/make.py [scenario ...]"""
+saves an SVG; at 120x36 it also writes the HTML report of what the app sampled and renders it
+in headless Chromium to report-<name>.png (where chromium is installed).
+Run: python screenshots/make.py [scenario ...]"""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -25,7 +30,7 @@ SHOTS = {
 
 
 async def shoot(name: str, scenario: str, size: tuple[int, int], wait_for: str | None) -> None:
-    proc, _ = start_job(scenario)
+    proc, _ = start_job(scenario, argv0="python3")  # no path of the machine they were made on
     app = LoadertopApp(LiveSource([proc.pid]))
     try:
         async with app.run_test(size=size) as pilot:
@@ -39,8 +44,27 @@ async def shoot(name: str, scenario: str, size: tuple[int, int], wait_for: str |
                     break
             app.save_screenshot(str(HERE / f"{name}.svg"))
             print(f"{name}: {sorted({f.id for f in app.findings}) or 'no findings'}")
+            if size == (120, 36):
+                render_report(name, app)
     finally:
         stop_job(proc)
+
+
+def render_report(name: str, app: LoadertopApp) -> None:
+    """The HTML report of what the app sampled, as headless Chromium draws it."""
+    from loadertop import report, report_html
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None or not app.history:
+        return
+    snaps = list(app.history)
+    page = report_html.render(report.build_report(snaps, app.findings, plans=app.source.diagnoser.plans), snaps)
+    with tempfile.TemporaryDirectory() as tmp:
+        html = Path(tmp) / "report.html"
+        html.write_text(page)
+        subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                        f"--screenshot={HERE / f'report-{name}.png'}", "--window-size=820,1700", html.as_uri()],
+                       check=True, capture_output=True, timeout=120)
 
 
 def main() -> None:

@@ -6,6 +6,13 @@ import pytest
 from jobs import Job
 
 
+def pytest_collection_modifyitems(items):
+    """Everything that is not a unit test is slow: `pytest -m "not slow"` is the quick loop."""
+    for item in items:
+        if item.get_closest_marker("unit") is None:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture
 def job(tmp_path):
     """Start real training jobs; every one is killed when the test ends, pass or fail."""

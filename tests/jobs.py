@@ -54,15 +54,16 @@ def state(pid: int) -> str | None:
 class Job:
     """A training job; use as a context manager so it is always cleaned up."""
 
-    def __init__(self, *args: str, cmd: list[str] | None = None, env: dict | None = None, tmp: Path):
+    def __init__(self, *args: str, cmd: list[str] | None = None, env: dict | None = None, tmp: Path,
+                 module: str = "loadertop.demo_job"):
         self.tmp = tmp
         self.ready = tmp / f"ready-{time.monotonic_ns()}"
         self.truth_path = tmp / f"truth-{time.monotonic_ns()}.json"
-        module = ["-m", "loadertop.demo_job", "--ready", str(self.ready), "--truth", str(self.truth_path)]
+        run = ["-m", module, "--ready", str(self.ready), "--truth", str(self.truth_path)]
         # cmd: a launcher or wrapper in front (torchrun, unshare ... python): it gets "-m ...".
-        self.cmd = (cmd or [PYTHON]) + module + list(args)
+        self.cmd = (cmd or [PYTHON]) + run + list(args)
         full_env = dict(os.environ)
-        full_env.setdefault("PYTHONPATH", str(REPO))
+        full_env.setdefault("PYTHONPATH", f"{REPO}{os.pathsep}{REPO / 'tests'}")
         full_env.update(env or {})
         self.log = open(tmp / f"job-{time.monotonic_ns()}.log", "w")  # noqa: SIM115 (closed in kill)
         self.proc = subprocess.Popen(

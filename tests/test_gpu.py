@@ -56,6 +56,28 @@ def test_per_process_utilization_where_supported():
     assert unsupported.process_utilization(0) == {}
 
 
+@pytest.mark.unit
+def test_a_busy_gpu_lowers_the_severity_of_a_data_wait():
+    # A loop that waits 30% for data while its GPU stays 95% busy loses less than the wait
+    # says: input_bound is a warning there, critical beside a GPU at 20%. The GPU figures come
+    # through the NVML boundary (the fake), as on a real machine.
+    from dataclasses import replace
+
+    from synth import TRAINER, host, snapshot, story, trainer
+
+    def verdict_with(utilization: float):
+        (gpu,), _ = GpuProbe(lib=FakeNvml(utilization=[utilization], processes=[TRAINER])).sample()
+        snaps = story(20, lambda t: snapshot(t, [replace(trainer(workers=2, worker_cpu=97.0, wait=0.3, usable=8),
+                                                         gpus=(0,))], host(), gpus=[gpu]))
+        found = {f.id: f for f in diagnose(snaps)}
+        return found["input_bound"]
+
+    idle, busy = verdict_with(20.0), verdict_with(95.0)
+    assert idle.severity == "critical" and busy.severity == "warning"
+    assert busy.evidence["gpu_utilization_percent"] == 95.0
+    assert "GPU utilization is 95%" in busy.title
+
+
 def test_starving_trainer_on_a_gpu_story(job):
     """A real starved job, with NVML faked to list its trainer on GPU 0 while utilization
     falls: the trainer is mapped to the GPU, input_bound carries the GPU evidence and

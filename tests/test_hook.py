@@ -45,6 +45,57 @@ def test_iteration_is_unchanged_and_counted(tmp_path):
     assert h["config"]["num_workers"] == 2 and h["config"]["persistent_workers"] is True
 
 
+def test_a_loader_watched_again_under_its_name_goes_on_with_the_same_figures(tmp_path):
+    # A loader re-created each epoch, or resumed from a state_dict, is watched again under
+    # its name: one file, counters that go on, no warning.
+    import os
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        first = lt.watch(Loader([1, 2, 3]), name="again", directory=str(tmp_path))
+        assert list(first) == [1, 2, 3]
+        second = lt.watch(Loader([4, 5]), name="again", directory=str(tmp_path))
+        assert list(second) == [4, 5]
+    h = read_hook(hook_path(os.getpid(), "again", str(tmp_path)))
+    assert h["batches"] == 5
+    assert [p.name for p in tmp_path.iterdir()] == [f"loadertop-{os.getpid()}-again.hook"]
+
+
+def test_state_dict_and_load_state_dict_go_through_the_wrapper(tmp_path):
+    class Stateful(Loader):
+        def state_dict(self):
+            return {"yielded": 2}
+
+        def load_state_dict(self, state):
+            self.items = self.items[state["yielded"]:]
+
+    loader = lt.watch(Stateful([1, 2, 3]), name="stateful", directory=str(tmp_path))
+    state = loader.state_dict()
+    resumed = lt.watch(Stateful([1, 2, 3]), name="stateful", directory=str(tmp_path))
+    resumed.load_state_dict(state)
+    assert list(resumed) == [3]
+
+
+def test_watching_before_accelerate_prepares_the_loader_warns(tmp_path, monkeypatch):
+    # prepare() passes a watched loader through unsharded: the order that works is
+    # watch(prepare(loader)), and a loader prepare() returned draws no warning.
+    import types
+
+    state = types.ModuleType("accelerate.state")
+    state.PartialState = type("PartialState", (), {"_shared_state": {"device": "cpu"}})  # an Accelerator exists
+    monkeypatch.setitem(sys.modules, "accelerate.state", state)
+
+    class DataLoaderShard(Loader):
+        pass
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lt.watch(DataLoaderShard([1]), name="prepared", directory=str(tmp_path))
+        assert caught == []
+        lt.watch(Loader([1]), name="raw", directory=str(tmp_path))
+    assert len(caught) == 1 and "accelerator.prepare()" in str(caught[0].message)
+
+
 def test_errors_from_the_loader_pass_through(tmp_path):
     def broken():
         yield 1

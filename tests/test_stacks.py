@@ -304,3 +304,33 @@ def test_py_spy_is_never_pointed_at_a_pid_whose_process_changed(job):
         assert sampler.data_wait(j.pid) is None
     finally:
         sampler.close()
+
+
+def _dump_of(pid: int, frames: list[tuple[str, str]]) -> str:
+    """A py-spy dump of one main thread, frames leaf first as py-spy gives them."""
+    return json.dumps([{"os_thread_id": pid, "thread_name": "MainThread", "frames": [
+        {"name": name, "filename": f"/usr/lib/python3/site-packages/{file}", "short_filename": file, "line": 1,
+         "locals": [{"name": "worker_id", "repr": "0"}, {"name": "num_workers", "repr": "1"}]}
+        for name, file in frames]}])
+
+
+@pytest.mark.unit
+def test_a_dump_tells_a_loader_worker_that_keeps_the_trainers_name_from_another_child():
+    # torchdata's StatefulDataLoader runs its own worker loop, which does not rename the
+    # process: only its stack shows it is a worker.
+    torchdata = parse_dump(_dump_of(7, [("get", "queue.py"), ("_worker_loop", "torchdata/stateful_dataloader/worker.py"),
+                                        ("run", "multiprocessing/process.py")]), 7)
+    assert torchdata.worker_loop == "torchdata/stateful_dataloader/worker.py"
+    assert torchdata.worker_id == 0 and torchdata.num_workers == 1
+    other = parse_dump(_dump_of(8, [("wait", "threading.py"), ("serve", "wandb/service.py")]), 8)
+    assert other.worker_loop is None
+
+
+@pytest.mark.unit
+def test_a_stateful_loader_in_the_main_process_is_loading_not_waiting():
+    frames = ["<module> (train.py:9)",
+              "_StatefulBaseDataLoaderIter.__next__ (torchdata/stateful_dataloader/stateful_dataloader.py:449)",
+              "_BaseDataLoaderIter.__next__ (torch/utils/data/dataloader.py:741)",
+              "_StatefulSingleProcessDataLoaderIter._next_data (torchdata/stateful_dataloader/stateful_dataloader.py:490)",
+              "Slow.__getitem__ (train.py:30)"]
+    assert stacks.classify_main(frames) == stacks.MAIN

@@ -51,8 +51,13 @@ async def test_starved_stream_shows_verdict_workers_and_the_fix(tmp_path):
         table = app.query_one(WorkersTable)
         pids = {row[1] for row in table.rows}
         assert {str(TRAINER), str(TRAINER + 1), str(TRAINER + 2)} <= pids
-        findings = text_of(app, FindingsPanel)
+        findings = " ".join(text_of(app, FindingsPanel).split())  # wrapped lines joined
         assert "input_bound" in findings and "num_workers=2 -> 6" in findings and "steps/s" in findings
+        # Findings hang: every wrapped line starts right of the id column, never under it.
+        lines = text_of(app, FindingsPanel).splitlines()[1:]
+        assert len(lines) > 2 and lines[0].startswith(" ! input_bound  ")
+        indent = len(" ! input_bound  ")
+        assert all(line[:indent].strip() == "" for line in lines[1:] if not line.startswith("   n/a")), lines
 
 
 async def test_keys_pause_help_sort_and_save(tmp_path):
@@ -155,3 +160,12 @@ async def test_replay_seek_step_and_speed():
         source.interval_s = 0.2
         await pilot.press("right_square_bracket")
         assert source.interval_s == 0.1
+
+
+async def test_the_header_counts_the_cpus_a_quota_leaves_not_the_hosts():
+    stream = story(5, lambda t: snapshot(t, [trainer(usable=2, cpu_quota=1.0)], host(cpu_count=2)))
+    app = LoadertopApp(ScriptedSource(stream))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_until(pilot, lambda: app.ended and app.ticks_shown > 0)
+        header = text_of(app, HeaderPanel)
+        assert "1 CPU usable (quota)" in header and "2 CPUs" not in header

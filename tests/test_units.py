@@ -127,3 +127,53 @@ def test_busy_threads_come_from_a_second_reading_of_the_threads_alone():
     finally:
         busy.kill()
         busy.wait()
+
+
+@pytest.mark.unit
+def test_the_markdown_report_says_the_verdict_and_the_change_first_and_stays_short():
+    # What gets pasted into an issue: one trainer with 8 workers fits in 60 lines, and the
+    # verdict, the change and its predicted gain come before any detail.
+    from synth import host, snapshot, story, trainer
+
+    from loadertop.report import build_report
+    from loadertop.report_md import render
+    from loadertop.rules import diagnose_with_plans
+
+    snaps = story(20, lambda t: snapshot(t, [trainer(workers=8, worker_cpu=97.0, wait=0.62, usable=16)],
+                                         host(cpu_count=16, cpu=60.0)))
+    findings, plans = diagnose_with_plans(snaps)
+    lines = render(build_report(snaps, findings, plans=plans)).splitlines()
+    assert len(lines) < 60
+    assert lines[0] == "# loadertop report: INPUT-BOUND 62%"
+    summary = lines[4]
+    assert "num_workers=16" in summary and "predicted +75% steps/s" in summary
+    # The same predicted gain in the finding as in the summary: one plan, one figure.
+    assert any("~+75% steps/s" in line for line in lines[5:])
+
+
+@pytest.mark.unit
+def test_the_html_report_draws_one_series_per_worker_and_a_single_point_as_a_dot():
+    import re
+    from dataclasses import replace
+
+    from synth import host, snapshot, story, trainer
+
+    from loadertop.report import build_report
+    from loadertop.report_html import render
+
+    def make(t):
+        tr = trainer(workers=3, wait=0.6)
+        if t < 5:  # the stacks have not read the worker ids yet
+            tr = replace(tr, workers=tuple(replace(w, worker_id=None) for w in tr.workers))
+        return snapshot(t, [tr], host())
+
+    snaps = story(10, make)
+    page = render(build_report(snaps), snaps)
+    assert page.index('class="summary"') < page.index("<h2>Findings")
+    cpu_chart = page[page.index("Worker CPU"):page.index("Worker private memory")]
+    assert re.findall(r"&#9632;</span> (w\S+)", cpu_chart) == ["w0", "w1", "w2"]
+    assert " s</text>" in cpu_chart and 'class="grid"' in cpu_chart  # a time axis, gridlines
+    assert "prefers-color-scheme: dark" in page
+    one = render(build_report(snaps[-1:]), snaps[-1:])
+    wait_chart = one[one.index("Data wait"):one.index("GPU utilization")]
+    assert "<circle" in wait_chart and "<polyline" not in wait_chart

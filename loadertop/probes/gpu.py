@@ -11,10 +11,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from .. import notices as N
 from ..model import GpuSnapshot, Notice
 
 NO_DRIVER = Notice(
-    "no_gpu",
+    N.NO_GPU,
     "no NVIDIA driver found; GPU metrics off",
     "install the NVIDIA driver (nvidia-smi must work) to see GPU utilization",
 )
@@ -49,7 +50,7 @@ class GpuProbe:
         except ImportError:
             self._ready = False
             self._notice = Notice(
-                "no_gpu",
+                N.NO_GPU,
                 "nvidia-ml-py is not installed; GPU metrics off",
                 "pip install nvidia-ml-py",
             )
@@ -67,17 +68,17 @@ class GpuProbe:
             return NO_DRIVER
         if code == getattr(lib, "NVML_ERROR_NO_PERMISSION", object()):
             return Notice(
-                "gpu_permission",
+                N.GPU_PERMISSION,
                 "NVML refused access to the GPUs; GPU metrics off",
                 "run loadertop as a user allowed to open /dev/nvidia* (the video group, or root)",
             )
         if code == getattr(lib, "NVML_ERROR_LIB_RM_VERSION_MISMATCH", object()):
             return Notice(
-                "gpu_driver_mismatch",
+                N.GPU_DRIVER_MISMATCH,
                 "the NVIDIA driver and its library do not match; GPU metrics off",
                 "reboot or reload the nvidia kernel module after the driver upgrade",
             )
-        return Notice("gpu_error", f"NVML failed to start ({error}); GPU metrics off", None)
+        return Notice(N.GPU_ERROR, f"NVML failed to start ({error}); GPU metrics off", None)
 
     def _query(self, fn: str, *args: Any) -> Any:
         try:

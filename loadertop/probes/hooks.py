@@ -16,6 +16,7 @@ import stat
 import time
 from collections import deque
 
+from .. import notices as N
 from ..hook import CONFIG_AT, HEADER, MAGIC, SIZE
 from ..model import DataWait, LoaderConfig, Notice
 from . import procfs
@@ -202,7 +203,7 @@ class HookReader:
                 h = read_hook(path, owner)
             except HookError as e:
                 self._notices[key] = Notice(
-                    "hook_invalid", f"{path} is not a valid hook of trainer {pid}: {e}; ignored",
+                    N.HOOK_INVALID, f"{path} is not a valid hook of trainer {pid}: {e}; ignored",
                     "remove the file; loadertop.watch() in the training script writes its own", pid)
                 continue
             if h is None:

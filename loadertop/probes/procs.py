@@ -55,6 +55,16 @@ class Tree:
     workers: dict[int, list[int]] = field(default_factory=dict)  # owner pid -> worker pids
     others: list[int] = field(default_factory=list)  # every process of the tree that is not a worker
     pin_threads: dict[int, list[procfs.Stat]] = field(default_factory=dict)  # trainer -> pin threads
+    found_by: dict[int, str] = field(default_factory=dict)  # worker pid -> FOUND_BY_*
+    # Python children of a Python process that nothing names a worker yet: a dump of their
+    # stack tells (torchdata's StatefulDataLoader workers keep the trainer's name).
+    candidates: list[int] = field(default_factory=list)
+
+
+# How a worker was recognised, as the report says it.
+FOUND_BY_NAME = "name"  # its thread name, pt_data_worker (torch's own worker loop sets it)
+FOUND_BY_HOOK = "hook"  # loadertop.watch() in the script published its pid
+FOUND_BY_STACK = "stack"  # py-spy showed a DataLoader worker loop in it (torchdata's, say)
 
 
 class Discovery:
@@ -64,6 +74,9 @@ class Discovery:
         self._cmdlines: dict[Key, list[str] | None] = {}
         self._threads: dict[Key, _Threads] = {}
         self.files = procfs.ProcFiles()  # every process's stat, open between ticks
+        # Workers recognised by other means than their name, told by the sampler.
+        self.stack_workers: set[Key] = set()  # a dump showed a worker loop
+        self.hook_workers: dict[int, set[int]] = {}  # trainer -> worker pids its hooks published
 
     def cmdline(self, st: procfs.Stat) -> list[str] | None:
         key = key_of(st)
@@ -78,6 +91,7 @@ class Discovery:
         for table in (self._cmdlines, self._threads):
             for key in [k for k in table if k not in live]:
                 del table[key]
+        self.stack_workers &= live
         self.files.sweep()
 
     def close(self) -> None:
@@ -120,22 +134,27 @@ class Discovery:
                 else [p for p, pp in parents.items() if pp == node.pid]
             )
             worker_kids = []
+            # Whose workers node's children would be: forkserver workers hang under the fork
+            # server, which hangs under the trainer.
+            owner = node.pid
+            while kids and owner in tree.parent and self.is_helper(tree.stats[owner]):
+                owner = tree.parent[owner]
             for pid in kids:
                 st = procfs.read_stat(pid, files=self.files)
                 if st is None:
                     continue
                 tree.stats[pid] = st
                 tree.parent[pid] = node.pid
-                if st.comm == WORKER_COMM:
+                how = self._worker_by(st, owner)
+                if how is not None:
                     worker_kids.append(pid)  # a worker's own children are not workers
+                    tree.found_by[pid] = how
                 else:
                     stack.append(st)
                     tree.others.append(pid)
+                    if self._may_be_worker(st, node):
+                        tree.candidates.append(pid)
             if worker_kids:
-                owner = node.pid
-                # forkserver workers hang under the fork server, which hangs under the trainer
-                while owner in tree.parent and self.is_helper(tree.stats[owner]):
-                    owner = tree.parent[owner]
                 tree.workers.setdefault(owner, []).extend(worker_kids)
         for pid in known | set(tree.workers):
             st = tree.stats.get(pid)
@@ -150,6 +169,29 @@ class Discovery:
             pins = [procfs.read_stat(pid, tid, self.files) for tid in threads.pin_tids or ()]
             tree.pin_threads[pid] = [t for t in pins if t is not None and t.comm == PIN_THREAD_COMM]
         return tree
+
+    def _worker_by(self, st: procfs.Stat, owner: int) -> str | None:
+        """How st, a child of owner's (through a fork server), is known to be a DataLoader
+        worker, or None."""
+        if st.comm == WORKER_COMM:
+            return FOUND_BY_NAME  # the cheap path, and torch's own loader's
+        if key_of(st) in self.stack_workers:
+            return FOUND_BY_STACK
+        published = self.hook_workers.get(owner)
+        if published and self.is_python(st):
+            try:
+                # The script publishes pids as its own pid namespace numbers them.
+                if published & set(procfs.read_nspid(st.pid)):
+                    return FOUND_BY_HOOK
+            except PermissionError:
+                pass
+        return None
+
+    def _may_be_worker(self, st: procfs.Stat, parent: procfs.Stat) -> bool:
+        """A Python child of a Python process, not multiprocessing's helper nor a launcher's
+        rank: a worker of a loader that does not name its workers, or something else."""
+        return (st.state != "Z" and self.is_python(st) and self.is_python(parent) and not self.is_launcher(parent)
+                and not self.is_helper(st))
 
     def _scan_threads(self, st: procfs.Stat, now: float, parents, with_names: bool = False) -> _Threads:
         """Which threads fork children (and, for a trainer, which is the pin-memory thread).
@@ -242,7 +284,8 @@ class ProcessSampler:
         self.python_helpers: dict[int, frozenset[int]] = {}
         self.files = procfs.ProcFiles()  # every process's status, open between ticks
 
-    def sample(self, st: procfs.Stat, now: float, worker_id: int | None = None) -> ProcessSample:
+    def sample(self, st: procfs.Stat, now: float, worker_id: int | None = None,
+               found_by: str | None = None) -> ProcessSample:
         key = key_of(st)
         ctx = None
         if st.state != "Z":
@@ -281,6 +324,7 @@ class ProcessSampler:
             "doing_at": None,
             "thread_pools": slow.thread_pools if slow else (),
             "read_bytes_per_s": slow.read_bytes_per_s if slow else None,
+            "found_by": found_by,
         })
 
     def refresh_slow(self, stats: list[procfs.Stat], now: float, complete: bool = False) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from .. import notices as N
 from ..model import Notice, ShmSnapshot
 from . import procfs
 
@@ -26,7 +27,7 @@ def read_shm(pid: int) -> tuple[ShmSnapshot | None, Notice | None]:
         return None, None
     except OSError as e:
         return None, Notice(
-            "shm_unreadable",
+            N.SHM_UNREADABLE,
             f"cannot read /dev/shm of trainer {pid}: {e.strerror}",
             None,
             pid,
@@ -37,7 +38,7 @@ def read_shm(pid: int) -> tuple[ShmSnapshot | None, Notice | None]:
         total, used = _statvfs("/dev/shm")
         return ShmSnapshot(path="/dev/shm", total_bytes=total, used_bytes=used, torch_bytes=None), None
     return None, Notice(
-        "shm_permission",
+        N.SHM_PERMISSION,
         f"cannot read the /dev/shm of trainer {pid} (it runs as another user in another "
         "mount namespace)",
         "run loadertop as the trainer's user or as root",

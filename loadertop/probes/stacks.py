@@ -19,8 +19,10 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from .. import notices as N
 from ..model import WAITING_FOR_INDICES, DataWait, Notice
 from . import procfs
 
@@ -33,7 +35,7 @@ BREAKDOWN = ("forward", "backward", "optimizer", "device_sync", "other")
 
 # Inside DataLoader.__next__, frames that are work in the main process, not waiting.
 _MAIN_WORK = (
-    "_SingleProcessDataLoaderIter",  # num_workers=0: the dataset runs right here
+    "SingleProcessDataLoaderIter",  # num_workers=0 (torchdata's _Stateful… too): the dataset runs here
     "rebuild_storage",  # unpickling tensors passed through shared memory
     "torch/multiprocessing/reductions.py",
     "_process_data",
@@ -144,6 +146,9 @@ class WorkerInfo:
     python_threads: frozenset[int] = frozenset()
     read_at: float | None = None  # when the dump was taken (epoch seconds)
     iterable: bool | None = None  # its loader reads an IterableDataset
+    # The worker loop its main thread runs (torch's, torchdata's…): None where it runs none,
+    # which is how a process that is not a DataLoader worker looks.
+    worker_loop: str | None = None
 
 
 def _local(frame: dict, name: str) -> str | None:
@@ -229,6 +234,7 @@ def _parse_threads(threads: list[dict], pid: int) -> WorkerInfo | None:
             t["os_thread_id"] for t in threads if t is not main and isinstance(t.get("os_thread_id"), int)
         ),
         iterable=_fetcher_kind(frames),
+        worker_loop=(loop.get("short_filename") or loop.get("filename")) if loop else None,
     )
 
 
@@ -280,16 +286,16 @@ def error_notice(stderr: str, pid: int) -> Notice:
             )
             if scope == 3:
                 fix = "kernel.yama.ptrace_scope=3 forbids ptrace until reboot; boot with a lower value"
-        return Notice("data_wait_ptrace", f"data wait of trainer {pid} unavailable: {why}", fix, pid)
+        return Notice(N.DATA_WAIT_PTRACE, f"data wait of trainer {pid} unavailable: {why}", fix, pid)
     if "python version" in text or "failed to find python" in text or "unsupported" in text:
         return Notice(
-            "data_wait_unsupported",
+            N.DATA_WAIT_UNSUPPORTED,
             f"py-spy cannot read the Python of trainer {pid}: {stderr.strip().splitlines()[-1][:160]}",
             "upgrade py-spy (pip install -U py-spy) to one that supports this Python",
             pid,
         )
     last = stderr.strip().splitlines()[-1][:160] if stderr.strip() else "no output"
-    return Notice("data_wait_error", f"py-spy failed on trainer {pid}: {last}", None, pid)
+    return Notice(N.DATA_WAIT_ERROR, f"py-spy failed on trainer {pid}: {last}", None, pid)
 
 
 def _owner(pid: int) -> int | None:
@@ -300,7 +306,7 @@ def _owner(pid: int) -> int | None:
 
 
 NO_PYSPY = Notice(
-    "data_wait_no_pyspy",
+    N.DATA_WAIT_NO_PYSPY,
     "data wait unavailable: the py-spy binary was not found",
     "pip install py-spy (it ships the binary), or put py-spy on PATH",
 )
@@ -329,8 +335,51 @@ class _Recording:
 DUMP_GAP_S = 1.0  # saved-up dumps run at most this often
 
 
+@dataclass(frozen=True)
+class Profile:
+    """How often py-spy looks, for one way of running loadertop. py-spy pays per sample
+    (each reads every thread's stack) and per dump; what each profile costs is measured in
+    docs/BENCHMARKS.md (§3 the live view, §3b the exporter)."""
+
+    window_s: int  # one `py-spy record` window
+    gap_s: float = 0.0  # pause between a trainer's windows (a duty cycle)
+    rolling_s: float = 30.0  # data wait is read over the windows of this span
+    dump_interval_s: float = 1.0  # one worker dump per this, in turn
+    dump_burst: int = 1  # dumps saved up for workers found at once (attach, a new loader)
+    refresh_doing: bool = True  # dump each worker again for what it is doing, or only once
+    rate_hz: int = 10  # py-spy's samples a second within a window
+
+
+# The live view: one 10 s window every 30 s (data wait over the last two), one worker dump
+# every 30 s once the burst has read the workers found on attach. The rules read the dumps
+# too (a worker waiting for indices), so they are not made rarer still.
+LIVE = Profile(window_s=10, gap_s=20.0, rolling_s=40.0, dump_interval_s=30.0, dump_burst=16)
+# A recording is replayed tick by tick: back-to-back windows, a worker dump every 10 s.
+RECORDING = Profile(window_s=10, rolling_s=30.0, dump_interval_s=10.0)
+# A dashboard needs the trend, not every second: a 10 s window a minute; each worker is
+# dumped once, for its worker_id label (no metric shows what it is doing).
+EXPORTER = Profile(window_s=10, gap_s=50.0, rolling_s=120.0, dump_interval_s=2.0, refresh_doing=False)
+
+
+def snapshot_profile(duration_s: float) -> Profile:
+    """A snapshot: one window spans it all, so that data wait covers the same time. A report
+    is acted on, and data wait is a share of samples (binomial: ±2.5 points at 400 of them
+    for a 75% wait, ±5 at 80): a short snapshot samples faster, up to 50 Hz, for ~400."""
+    rate = max(10, min(50, round(SNAPSHOT_SAMPLES / max(1.0, duration_s))))
+    return Profile(window_s=max(1, int(duration_s)), rolling_s=duration_s + 60, rate_hz=rate)
+
+
+SNAPSHOT_SAMPLES = 400
+
+
 class StackSampler:
     """Runs py-spy windows on each watched trainer and dumps workers, on its own thread."""
+
+    @classmethod
+    def of(cls, profile: Profile, **kw) -> StackSampler:
+        return cls(window_s=profile.window_s, gap_s=profile.gap_s, rolling_s=profile.rolling_s,
+                   dump_interval_s=profile.dump_interval_s, dump_burst=profile.dump_burst,
+                   refresh_doing=profile.refresh_doing, rate_hz=profile.rate_hz, **kw)
 
     def __init__(
         self,
@@ -372,6 +421,10 @@ class StackSampler:
         # Each watched pid's start time: py-spy is pointed at a pid, and a pid may be reused
         # by an unrelated process (as root, py-spy would read it): checked before and after.
         self._identity: dict[int, float] = {}
+        # Children that may be workers of a loader that does not name them: dumped once to
+        # tell. pid -> (is a worker, when it was told, monotonic).
+        self._candidates: tuple[int, ...] = ()
+        self._told: dict[int, tuple[bool, float]] = {}
         self._broken_until = 0.0  # py-spy could not even start: retried after a while
         self._tmp = tempfile.mkdtemp(prefix="loadertop-stacks-")
         self._accepting = True
@@ -382,14 +435,21 @@ class StackSampler:
 
     # StackSource, called from the tick: only reads what the thread has produced.
 
-    def watch(self, trainers: dict[int, tuple[int, ...]], started: dict[int, float] | None = None) -> None:
+    def watch(self, trainers: dict[int, tuple[int, ...]], started: dict[int, float] | None = None,
+              candidates: Iterable[int] = ()) -> None:
         """Sample these trainers and dump these workers; `started`: each pid's start time
-        (epoch seconds) as the caller saw it, read from /proc where not given."""
+        (epoch seconds) as the caller saw it, read from /proc where not given. `candidates`:
+        processes to dump to tell whether they are DataLoader workers (see loader_worker)."""
         started = started or {}
+        candidates = tuple(sorted(set(candidates)))
         with self._lock:
-            changed = trainers != self._targets
+            changed = trainers != self._targets or candidates != self._candidates
             self._targets = dict(trainers)
-            for pid in {*trainers, *(w for ws in trainers.values() for w in ws)}:
+            self._candidates = candidates
+            workers = {w for ws in trainers.values() for w in ws}
+            for gone in [p for p in self._told if p not in workers and p not in candidates]:
+                del self._told[gone]
+            for pid in {*trainers, *workers, *candidates}:
                 ident = started.get(pid)
                 if ident is None and pid not in self._identity:
                     st = procfs.read_stat(pid)
@@ -408,6 +468,7 @@ class StackSampler:
         self._stall_since.pop(pid, None)
         self._workers.pop(pid, None)
         self._dumped_at.pop(pid, None)
+        self._told.pop(pid, None)
 
     def _same(self, pid: int, ident: float | None) -> bool:
         """pid is still the process we were asked to watch."""
@@ -439,6 +500,12 @@ class StackSampler:
     def worker(self, pid: int) -> WorkerInfo | None:
         with self._lock:
             return self._workers.get(pid)
+
+    def loader_worker(self, pid: int) -> bool | None:
+        """Whether a dump of this candidate showed a DataLoader worker loop; None: not yet told."""
+        with self._lock:
+            told = self._told.get(pid)
+        return told[0] if told is not None else None
 
     def notices(self) -> tuple[Notice, ...]:
         with self._lock:
@@ -481,8 +548,8 @@ class StackSampler:
                 self._loop()
             except Exception as e:  # noqa: BLE001 (the stack thread must outlive anything)
                 with self._lock:
-                    self._notices[("data_wait_error", None)] = Notice(
-                        "data_wait_error", f"stack sampling failed ({type(e).__name__}: {e}); retrying", None)
+                    self._notices[(N.DATA_WAIT_ERROR, None)] = Notice(
+                        N.DATA_WAIT_ERROR, f"stack sampling failed ({type(e).__name__}: {e}); retrying", None)
                 self._stop.wait(1.0)
 
     def _loop(self) -> None:
@@ -531,8 +598,8 @@ class StackSampler:
         """py-spy itself will not start (a broken install, a binary for another machine)."""
         self._broken_until = time.monotonic() + 60
         with self._lock:
-            self._notices[("data_wait_no_pyspy", None)] = Notice(
-                "data_wait_no_pyspy", f"py-spy at {self.pyspy} cannot run: {e.strerror or e}",
+            self._notices[(N.DATA_WAIT_NO_PYSPY, None)] = Notice(
+                N.DATA_WAIT_NO_PYSPY, f"py-spy at {self.pyspy} cannot run: {e.strerror or e}",
                 "reinstall it: pip install --force-reinstall py-spy")
 
     def _start_recording(self, pid: int) -> None:
@@ -573,8 +640,8 @@ class StackSampler:
         with self._lock:
             self._recordings.pop(pid, None)
             if timed_out:
-                self._notices[("data_wait_timeout", pid)] = Notice(
-                    "data_wait_timeout",
+                self._notices[(N.DATA_WAIT_TIMEOUT, pid)] = Notice(
+                    N.DATA_WAIT_TIMEOUT,
                     f"py-spy did not finish a {self.window_s}s window on trainer {pid}; retrying",
                     None,
                     pid,
@@ -598,24 +665,37 @@ class StackSampler:
             elif rec.proc.returncode not in (0, None) and os.path.exists(f"/proc/{pid}"):
                 notice = error_notice(stderr, pid)
                 self._notices[(notice.id, pid)] = notice
-                if notice.id == "data_wait_ptrace":
+                if notice.id == N.DATA_WAIT_PTRACE:
                     self._refused_until[pid] = time.monotonic() + 60
 
     def _next_worker(self, targets: dict[int, tuple[int, ...]]) -> int | None:
-        """New workers first (their arguments), then the one whose stack is the oldest."""
+        """Candidates not yet told first (a loader's workers cannot be shown before), then new
+        workers (their arguments), then the one whose stack is the oldest."""
         workers = [w for ws in targets.values() for w in ws]
+        now = time.monotonic()
         with self._lock:
             live = set(workers)
             for gone in [p for p in self._workers if p not in live]:
                 del self._workers[gone]
                 self._dumped_at.pop(gone, None)
             refused = {p for p, until in self._refused_until.items() if time.monotonic() < until}
+            # A "no" is asked again later: a spawned worker is not in its loop until it has
+            # unpickled its dataset, and a process may start a loader later on.
+            untold = [p for p in self._candidates if p not in self._told
+                      or (not self._told[p][0] and now - self._told[p][1] >= self._retell_after(p))]
+        if untold:
+            return min(untold, key=lambda p: self._told.get(p, (False, float("-inf")))[1])
         owners = {w: t for t, ws in targets.items() for w in ws}
         candidates = [w for w in workers if owners[w] not in refused
                       and (self.refresh_doing or w not in self._dumped_at)]
         if not candidates:
             return None
         return min(candidates, key=lambda w: self._dumped_at.get(w, float("-inf")))
+
+    def _retell_after(self, pid: int) -> float:
+        """Seconds before a candidate that was no worker is dumped again (hold the lock)."""
+        young = time.time() - self._identity.get(pid, 0.0) < YOUNG_S
+        return RETELL_YOUNG_S if young else RETELL_S
 
     def _dump(self, pid: int, now: float) -> None:
         self._dumped_at[pid] = now
@@ -637,14 +717,29 @@ class StackSampler:
             return
         info = parse_dump(out.stdout, pid) if out.returncode == 0 else None
         if info is None or not self._same(pid, ident):
+            if pid in self._candidates:
+                with self._lock:
+                    self._told[pid] = (False, now)
             return  # nothing readable, or the pid was reused while py-spy read it
         info = replace(info, read_at=time.time())
+        if pid in self._candidates:
+            with self._lock:
+                self._told[pid] = (info.worker_loop is not None, now)
+            if info.worker_loop is None:
+                return
         if known is not None and info.worker_id is None:
             iterable = info.iterable if info.iterable is not None else known.iterable
             info = replace(known, doing=info.doing, python_threads=info.python_threads | known.python_threads,
                            read_at=info.read_at, iterable=iterable)
         with self._lock:
             self._workers[pid] = info
+
+
+# A candidate that was no worker is dumped again: soon while it is young (a spawned worker
+# enters its loop once it has unpickled its dataset), rarely after.
+YOUNG_S = 60.0
+RETELL_YOUNG_S = 3.0
+RETELL_S = 60.0
 
 
 def _kill(proc: subprocess.Popen) -> None:

@@ -55,7 +55,9 @@ def check(ctx: Context) -> Check:
         if cap and plan.cause not in P.OVERSUBSCRIBED:
             note += f" ({cap})"
         if plan.cause in P.OVERSUBSCRIBED:
-            note += "; cpu_oversubscribed says what takes the CPUs"
+            # The finding that carries the change: the pools' own, or what takes the CPUs.
+            note += ("; worker_threads says what to change" if plan.cause == P.THREADS
+                     else "; cpu_oversubscribed says what takes the CPUs")
         elif plan.cause == P.LOADER_IO:
             note += "; read larger chunks, cache or prefetch the data closer to the job"
         else:

@@ -153,11 +153,11 @@ class Plan:
                         "threads_per_worker": self.chosen.threads_per_worker or None},
             "current": {"num_workers": self.now.num_workers, "prefetch_factor": self.now.prefetch_factor},
             "change": self.change("workers", "threads", "shm"),
-            "predicted_gain": None if self.gain is None else round(self.gain, 3),
-            "predicted_data_wait": None if self.wait_after is None else round(self.wait_after, 3),
+            "predicted_gain": None if self.gain is None else round(self.gain, 4),
+            "predicted_data_wait": None if self.wait_after is None else round(self.wait_after, 4),
             "limit": self.limit,
             "with_more_cpus": None if self.bigger_budget is None else
-            {"cpus": self.bigger_budget[0], "predicted_gain": round(self.bigger_budget[1], 3)},
+            {"cpus": self.bigger_budget[0], "predicted_gain": round(self.bigger_budget[1], 4)},
             "evidence": self.evidence,
         }
 

@@ -92,8 +92,10 @@ MIN_GAIN = 0.05
 # where the model predicts no more than this loss.
 MAX_LOSS = 0.02
 # What receiving a batch from a worker costs the main process, as a share of loading it
-# (fitted on bench/advice.py's num_workers=0 case: unpickling, the fd hand-shake).
-RECEIVE_SHARE = 0.25
+# (unpickling, the fd hand-shake). bench/advice.py's num_workers=0 case measured +78% and
+# +120% for 2 workers in two runs; 0.25 made 1 and 2 workers look alike there and chose 1
+# (docs/BENCHMARKS.md §8), 0.1 predicts ~+90-100% and chooses 2.
+RECEIVE_SHARE = 0.1
 # Worker thread pools that outnumber the CPUs keep (CPUs / busy threads) to this power of
 # their CPU as useful work: the rest spins or preempts (fitted on bench/advice.py's threads case).
 POOL_WASTE_EXPONENT = 2.0

@@ -9,11 +9,6 @@ from collections.abc import Iterable
 from ..model import Finding, Snapshot
 from ..rules import Diagnoser
 
-# The live view's py-spy duty cycle (the help screen tells it from here).
-WINDOW_S = 10
-WINDOW_EVERY_S = 30.0
-DUMP_EVERY_S = 30.0
-
 
 class LiveSource:
     """Samples real jobs. `next()` runs one tick: call it from a worker thread only."""
@@ -22,20 +17,13 @@ class LiveSource:
 
     def __init__(self, pids: list[int], interval_s: float = 1.0, stacks: bool = True) -> None:
         from ..probes.procs import ProcessSampler
-        from ..probes.stacks import StackSampler
+        from ..probes.stacks import LIVE, StackSampler
         from ..sampler import Sampler
 
-        # What the live view costs is mostly py-spy and smaps (docs/BENCHMARKS.md §3). py-spy
-        # pays per sample (each reads every thread's stack) and per dump (~0.08 s of CPU): one
-        # window per WINDOW_EVERY_S (data wait over the last two) and one worker dump per
-        # DUMP_EVERY_S once the workers found on attach (or a new loader's) have had theirs from
-        # the saved-up burst. The rules read the dumps too (a worker waiting for indices): a
-        # dump every 60 s saved ~0.1 % of a core, within noise, for twice as stale a view.
-        # smaps costs ~7 ms for a 230 MiB torch worker on our VM (the 2.4 ms/GiB seen on other
-        # hosts would be ~0.6 ms): 2 ms of it a second refreshes each of 8 such workers'
-        # USS/PSS about every 40 s here.
-        self.stacks = StackSampler(window_s=WINDOW_S, gap_s=WINDOW_EVERY_S - WINDOW_S, rolling_s=WINDOW_EVERY_S + 10,
-                                   dump_interval_s=DUMP_EVERY_S, dump_burst=16) if stacks else None
+        # What the live view costs is mostly py-spy and smaps (docs/BENCHMARKS.md §3): the
+        # LIVE py-spy profile, and a small smaps budget a tick that refreshes each worker's
+        # USS/PSS within a minute or so.
+        self.stacks = StackSampler.of(LIVE) if stacks else None
         self.sampler = Sampler(pids, interval_s=interval_s, stacks=self.stacks,
                                processes=ProcessSampler(slow_budget_s=0.002))
         self.diagnoser = Diagnoser()

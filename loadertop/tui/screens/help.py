@@ -8,7 +8,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from ...fields import TRAINER_FIELDS, WORKER_FIELDS
-from ..source import DUMP_EVERY_S, WINDOW_EVERY_S, WINDOW_S
+from ...probes.stacks import LIVE
 
 KEYS = (
     ("q", "quit (the job keeps running; `loadertop demo` stops its own job)"),
@@ -34,10 +34,11 @@ class HelpScreen(ModalScreen):
         lines += [f"  [b]{f.header:<7}[/b] {f.help}" for f in WORKER_FIELDS]
         lines += ["", "[b]Header and history[/b]"]
         lines += [f"  [b]{f.header:<9}[/b] {f.help}" for f in TRAINER_FIELDS]
-        lines += ["", f"Data wait is sampled by py-spy from outside: a {WINDOW_S} s window every {WINDOW_EVERY_S:g} s,",
+        lines += ["", f"Data wait is sampled by py-spy from outside: a {LIVE.window_s} s window every "
+                  f"{LIVE.window_s + LIVE.gap_s:g} s,",
                   "the figure covering the last two (`loadertop.watch(loader)` in the script makes it exact).",
                   "What each worker is DOING comes from py-spy dumps: new workers within seconds, then one",
-                  f"worker every {DUMP_EVERY_S:g} s, in turn.",
+                  f"worker every {LIVE.dump_interval_s:g} s, in turn.",
                   "", "Findings say what to change; `n/a` values come with a notice saying why.",
                   "Full reference: docs/RULES.md.  Press escape to close."]
         with VerticalScroll(id="help-body"):

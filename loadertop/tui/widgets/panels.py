@@ -4,11 +4,13 @@ overview, findings and events. Each re-renders only when its text changed."""
 from __future__ import annotations
 
 import datetime as dt
+import textwrap
 from collections import deque
 
 from rich.text import Text
 from textual.widgets import Static
 
+from ... import notices as N
 from ...fields import human_age, human_bytes
 from ...model import Event, Finding, Snapshot, TrainerSnapshot
 from ...verdict import verdict
@@ -52,6 +54,15 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.0%}"
 
 
+def cpus_usable(trainer: TrainerSnapshot) -> str:
+    """The CPUs this trainer may use: its affinity, cut by its cgroup's quota."""
+    cpus = trainer.usable_cpus
+    quota = trainer.cpu_quota
+    if quota is not None and (cpus is None or quota < cpus):
+        return f"{quota:g} CPU{'s' if quota != 1 else ''} usable (quota)"
+    return f"{cpus or '?'} CPU{'s' if cpus != 1 else ''} usable"
+
+
 class HeaderPanel(Panel):
     def render_for(self, snap: Snapshot, trainer: TrainerSnapshot | None, findings: list[Finding],
                    paused: bool, live: bool, index: int, count: int) -> None:
@@ -64,7 +75,7 @@ class HeaderPanel(Panel):
             return
         rank = f"  rank {trainer.rank}/{trainer.world_size}" if trainer.rank is not None else ""
         which = f"  trainer {index + 1}/{count}" if count > 1 else ""
-        tail = f"  up {human_age(snap.time - trainer.started_at)}  {trainer.usable_cpus or '?'} CPUs usable{which}"
+        tail = f"  up {human_age(snap.time - trainer.started_at)}  {cpus_usable(trainer)}{which}"
         top.append(f" pid {trainer.pid}{rank}  ")
         room = width - len(top.plain) - len(tail)
         cmd = " ".join(trainer.cmdline)
@@ -170,17 +181,27 @@ class FindingsPanel(Panel):
         if not mine:
             waiting = trainer is not None and trainer.data_wait is None
             t.append("  none" + (" yet (data wait needs a few seconds)" if waiting else ""), style="dim")
+        # A hanging indent: the text wraps under itself, never under the id column.
+        column = max((len(f.id) for f in mine), default=0) + 2
+        indent = 3 + column
+        room = max(20, (self.size.width or 80) - indent - 1)
         for f in mine:
             style = {"critical": "bold red", "warning": "bold yellow"}.get(f.severity, "")
             t.append("\n ! " if f.severity != "info" else "\n   ", style=style)
-            t.append(f"{f.id:<19}", style=style)
-            t.append(f.title)
-            t.append(f"\n   {'':<19}")
-            t.append(f.suggestion, style="green")
-        shown = [n for n in notices if n.id not in ("no_gpu",)][:2]
+            t.append(f"{f.id:<{column}}", style=style)
+            t.append(hang(f.title, room, indent))
+            t.append("\n" + " " * indent)
+            t.append(hang(f.suggestion, room, indent), style="green")
+        shown = [n for n in notices if n.id not in (N.NO_GPU,)][:2]
         for n in shown:
             t.append(f"\n   n/a: {n.message}", style="dim")
         self.show(t)
+
+
+def hang(text: str, width: int, indent: int) -> str:
+    """text wrapped to width, each line after the first indented by indent."""
+    lines = textwrap.wrap(text, width) or [""]
+    return ("\n" + " " * indent).join(lines)
 
 
 class EventsPanel(Panel):

@@ -1,0 +1,66 @@
+"""Data wait of a framework's own loop, from its callbacks: the loop fetches the next batch
+between one batch's end and the next one's start, so that gap is the wait (plus the
+framework's few µs of bookkeeping). Published through the same /dev/shm file as
+`loadertop.watch()`. Used by loadertop.lightning and loadertop.huggingface."""
+
+from __future__ import annotations
+
+import time
+
+from .hook import _config, _Publisher, _worker_pids, publisher
+
+
+class FetchGaps:
+    """One loader kind's fetch gaps, published as a watched loader's waits."""
+
+    def __init__(self, name: str, directory: str) -> None:
+        self.name = name
+        self.directory = directory
+        self.pub: _Publisher | None = None
+        self.fetching_since: int | None = None  # perf_counter_ns when the loop began to fetch
+
+    def start(self, loader) -> None:
+        """The loop starts fetching (an epoch, a validation run, the step after one)."""
+        if self.pub is None:
+            self.pub = publisher(self.name, _config(first_loader(loader)), self.directory)
+        self.fetching_since = time.perf_counter_ns()
+        self.pub.entering()
+
+    def got(self, loader, batch) -> None:
+        if self.pub is None or self.fetching_since is None:
+            return
+        self.pub.record(time.perf_counter_ns() - self.fetching_since, batch)
+        self.fetching_since = None
+        if self.pub.batches == 1 or self.pub.config.get("worker_pids") == []:
+            # Persistent and torchdata loaders keep their iterator: its workers, by pid.
+            self.pub.publish_workers(_worker_pids(getattr(first_loader(loader), "_iterator", None)))
+
+    def pause(self) -> None:
+        """The loop does something else (validation inside an epoch): not a wait for data."""
+        self.fetching_since = None
+        if self.pub is not None:
+            self.pub.idle()
+
+    def close(self) -> None:
+        if self.pub is not None:
+            self.pub.close()
+            self.pub = None
+
+
+def first_loader(loaders):
+    """The first DataLoader in what a framework holds (one loader, a list, a dict, a Lightning
+    CombinedLoader): its settings stand for the kind."""
+    seen = 0
+    stack = [loaders]
+    while stack and seen < 64:
+        seen += 1
+        item = stack.pop(0)
+        if hasattr(item, "num_workers") and hasattr(item, "dataset"):
+            return item
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif hasattr(item, "flattened"):
+            stack.extend(item.flattened)
+    return loaders

@@ -1,0 +1,32 @@
+"""Every notice loadertop gives: a figure it could not measure or a thing it could not watch,
+and why. One id per condition, as rules/thresholds.py is for findings; a report's
+`notices[].id` are these (docs/PERMISSIONS.md says which permission each one needs)."""
+
+# GPUs (NVML)
+NO_GPU = "no_gpu"  # no NVIDIA driver: GPU figures are off, and not worth a line on screen
+GPU_ERROR = "gpu_error"  # NVML failed on a call
+GPU_PERMISSION = "gpu_permission"  # NVML refuses this user
+GPU_DRIVER_MISMATCH = "gpu_driver_mismatch"  # the kernel module and the library disagree
+
+# Data wait (py-spy, the hook)
+DATA_WAIT_OFF = "data_wait_off"  # --no-stacks and no hook
+DATA_WAIT_NO_PYSPY = "data_wait_no_pyspy"  # py-spy missing or not runnable
+DATA_WAIT_PTRACE = "data_wait_ptrace"  # ptrace refused
+DATA_WAIT_TIMEOUT = "data_wait_timeout"  # a py-spy window did not finish
+DATA_WAIT_ERROR = "data_wait_error"  # the stack thread failed once and goes on
+DATA_WAIT_UNSUPPORTED = "data_wait_unsupported"  # a Python py-spy cannot read
+HOOK_INVALID = "hook_invalid"  # a hook file that is not a valid one of the trainer's
+
+# /proc and /dev/shm
+MEMORY_PERMISSION = "memory_permission"  # smaps closed to this user: no USS/PSS
+ENV_PERMISSION = "env_permission"  # the environment closed to this user
+SHM_PERMISSION = "shm_permission"  # the trainer's /dev/shm cannot be read
+SHM_UNREADABLE = "shm_unreadable"  # nor measured at all
+
+# The job
+NO_TRAINER = "no_trainer"  # a launcher that has not started its ranks
+NO_WORKERS = "no_workers"  # a trainer without DataLoader workers (yet)
+NOT_PYTHON = "not_python"  # the PID given is not Python and starts none
+JOB_EXITED = "job_exited"
+TRAINER_EXITED = "trainer_exited"
+TRAINER_CRASHED = "trainer_crashed"

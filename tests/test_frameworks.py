@@ -1,0 +1,67 @@
+"""The loops people train with: torchdata's StatefulDataLoader, Lightning's fit, an
+Accelerate-prepared loader and the Hugging Face Trainer, each run twice: with no code
+change, and with the framework's loadertop form (tests/framework_job.py), all side by side. Workers are found, data wait matches
+the loop's own figure, the starved loop is flagged, and nothing is left when the job ends."""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import json
+import os
+
+import pytest
+from jobs import REPO, loadertop, wait_for
+
+# Each item sleeps 20 ms (a slow disk), a batch of 4 on one worker takes ~80 ms against a
+# 20 ms step: the loop waits ~75%, and the CPUs stay free enough for all the jobs at once.
+FLAGS = ("--workers", "1", "--sleep-ms", "20", "--batch-size", "4", "--step-ms", "20", "--duration", "25")
+ENV = {"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
+PACKAGES = {"stateful": "torchdata.stateful_dataloader", "lightning": "lightning", "accelerate": "accelerate",
+            "huggingface": "transformers"}
+# How the single worker is recognised: torchdata's workers do not carry torch's thread name.
+FOUND_BY = {"stateful": ({"stack"}, {"hook", "stack"}), "lightning": ({"name"}, {"name"}),
+            "accelerate": ({"name"}, {"name"}), "huggingface": ({"name"}, {"name"})}  # (without, with the hook)
+
+
+def _truth_over(truth: dict, window_s: float) -> float:
+    log = truth["log"]
+    end = log[-1]
+    start = next(e for e in log if e[0] >= end[0] - window_s)
+    return (end[1] - start[1]) / (end[2] - start[2])
+
+
+def test_each_framework_loop_is_found_measured_and_flagged(job):
+    # All eight jobs at once, in one snapshot: their workers sleep, so they hardly share a CPU.
+    # Found, not imported: the packages load in the jobs, never in the test process.
+    missing = [p for p in PACKAGES.values() if importlib.util.find_spec(p.split(".")[0]) is None]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)} (the test extras)")
+    jobs = {(framework, hook): job("--framework", framework, *(["--hook"] if hook else []), *FLAGS,
+                                   module="framework_job", env=ENV)
+            for framework in PACKAGES for hook in (False, True)}
+    for j in jobs.values():
+        j.wait_ready(timeout=120)
+    r = loadertop("snapshot", *(str(j.pid) for j in jobs.values()), "--duration", "8", "--interval", "0.5",
+                  "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    truths = {j.pid: j.truth() for j in jobs.values()}
+    by_pid = {t["pid"]: t for t in report["trainers"]}
+    flagged = {f["trainer_pid"] for f in report["findings"] if f["id"] == "input_bound"}
+    for (framework, hook), j in jobs.items():
+        what = f"{framework}{' with the hook' if hook else ''}"
+        t = by_pid[j.pid]
+        assert len(t["workers"]) == 1, (what, t["workers"])
+        assert t["workers"][0].get("found_by") in FOUND_BY[framework][hook], (what, t["workers"][0])
+        dw = t["data_wait"]
+        assert dw["source"] == ("hook" if hook else "py-spy"), (what, dw)
+        expected = _truth_over(truths[j.pid], dw["window_s"])
+        assert abs(dw["fraction"] - expected) <= 0.05, (what, dw["fraction"], expected)
+        assert j.pid in flagged, (what, report["findings"])
+    # The jobs end on their own: their workers go with them, and so do the hook files.
+    for (framework, hook), j in jobs.items():
+        assert j.proc.wait(timeout=60) == 0, (framework, hook, j.output()[-2000:])
+    workers = [w["pid"] for t in report["trainers"] for w in t["workers"]]
+    wait_for(lambda: not any(os.path.exists(f"/proc/{w}") for w in workers), 10, what="workers to exit")
+    assert [p for j in jobs.values() for p in glob.glob(f"/dev/shm/loadertop-{j.pid}-*")] == []
