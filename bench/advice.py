@@ -388,7 +388,10 @@ def run_case(case: Case, args) -> dict:
     ids = sorted({f["id"] for f in report["findings"]})
     row = {"case": case.name, "what": case.what, "start": case.start.label(), "findings": ids,
            "change": change, "conflicts": conflicts, "predicted_gain": predicted_gain(report),
-           "verdict_trainers": [t.get("verdict") for t in report["trainers"]], "rate_watched": rate_watched}
+           "verdict_trainers": [t.get("verdict") for t in report["trainers"]], "rate_watched": rate_watched,
+           # Each trainer's plan with its evidence: what the model read, to tell a wrong
+           # prediction's term when the measured gain disagrees.
+           "plans": [t.get("plan") for t in report["trainers"]]}
     print(f"   findings {ids} change {change} conflicts {conflicts}", flush=True)
     if case.hang:
         row["named_hang"] = "loader_stalled" in ids
