@@ -217,6 +217,27 @@ def test_fifos_symlinks_and_other_users_files_are_refused_at_once(tmp_path):
     assert read_hook(str(tmp_path / "gone.hook")) is None
 
 
+def test_two_loaders_whose_files_go_in_one_tick_are_no_error():
+    # Train and validation loaders end together: both files vanish between two readings.
+    import os as _os
+
+    from loadertop.probes.hooks import HookReader
+    from loadertop.probes.procfs import read_stat
+
+    pid = _os.getpid()
+    loaders = [lt.watch(Loader([1, 2]), name=f"gone-{i}-{time.monotonic_ns()}") for i in range(2)]
+    for loader in loaders:
+        list(loader)
+    reader = HookReader()
+    started = read_stat(pid).started_at
+    now = time.time()
+    reader.data_wait(pid, started, now)
+    assert reader.data_wait(pid, started, now + 0.5) is not None  # both files read
+    for loader in loaders:
+        loader._pub.close()
+    assert reader.data_wait(pid, started, now + 1.0) is None
+
+
 @pytest.mark.skipif(__import__("os").geteuid() != 0, reason="needs root to plant a file as another user")
 def test_a_forged_hook_of_another_user_is_ignored_with_a_notice():
     """Another user plants loadertop-<our pid>-x.hook claiming 90% data wait: it must not

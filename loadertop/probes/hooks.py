@@ -207,7 +207,8 @@ class HookReader:
                     "remove the file; loadertop.watch() in the training script writes its own", pid)
                 continue
             if h is None:
-                del self._files[key]  # a loader's file went away: list the folder again next tick
+                # A loader's file went away (two may go in one tick): list the folder again next tick.
+                self._files.pop(key, None)
                 continue
             if h["pid"] in pids and h["started"] >= started_at - 1:
                 hooks.append(h)
