@@ -3,7 +3,6 @@ holding a GPU context. For `loadertop` with no PID."""
 
 from __future__ import annotations
 
-import os
 import pwd
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -23,10 +22,10 @@ class Candidate:
 
 
 def _user(pid: int) -> str:
+    uid = procfs.owner_uid(pid)
     try:
-        uid = os.stat(f"/proc/{pid}").st_uid
-        return pwd.getpwuid(uid).pw_name
-    except (OSError, KeyError):
+        return pwd.getpwuid(uid).pw_name if uid is not None else "?"
+    except KeyError:
         return "?"
 
 

@@ -146,13 +146,6 @@ def hook_files(pid: int) -> list[str]:
     return []
 
 
-def _owner(pid: int) -> int | None:
-    try:
-        return os.stat(f"{procfs.PROC}/{pid}").st_uid
-    except OSError:
-        return None
-
-
 def sweep_stale(folder: str = "/dev/shm", now: float | None = None) -> int:
     """Remove hook files of processes that are gone (SIGKILLed jobs cannot remove their own)
     and have not beaten for STALE_AFTER_S. Returns how many went."""
@@ -194,7 +187,7 @@ class HookReader:
         listed = self._files.get(key)
         if listed is None or not now - HOOK_RESCAN_S < listed[0] <= now:
             listed = self._files[key] = (now, hook_files(pid))
-        owner = _owner(pid)
+        owner = procfs.owner_uid(pid)
         pids = _pids_of(pid)
         hooks = []
         self._notices.pop(key, None)

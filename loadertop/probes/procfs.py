@@ -249,6 +249,14 @@ def task_ids(pid: int) -> list[int]:
 HAVE_CHILDREN_FILE = os.path.exists(f"{PROC}/self/task/{os.getpid()}/children")
 
 
+def owner_uid(pid: int) -> int | None:
+    """The user a process runs as (its /proc entry's owner); None when it is gone."""
+    try:
+        return os.stat(f"{PROC}/{pid}").st_uid
+    except OSError:
+        return None
+
+
 def hidden(pid: int) -> bool:
     """pid exists but /proc will not show it to us (hidepid, or another user's process)."""
     return os.path.exists(f"{PROC}/{pid}") and read_stat(pid) is None

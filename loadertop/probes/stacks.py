@@ -272,7 +272,7 @@ def error_notice(stderr: str, pid: int) -> Notice:
     if "permission denied" in text or "operation not permitted" in text or "eperm" in text:
         scope = _ptrace_scope()
         if os.geteuid() != 0:
-            why = "ptrace refused: the trainer runs as another user" if _owner(pid) != os.geteuid() else (
+            why = "ptrace refused: the trainer runs as another user" if procfs.owner_uid(pid) != os.geteuid() else (
                 f"ptrace refused (kernel.yama.ptrace_scope={scope})" if scope else "ptrace refused"
             )
             fix = "run loadertop as the trainer's user, or as root (sudo)"
@@ -296,13 +296,6 @@ def error_notice(stderr: str, pid: int) -> Notice:
         )
     last = stderr.strip().splitlines()[-1][:160] if stderr.strip() else "no output"
     return Notice(N.DATA_WAIT_ERROR, f"py-spy failed on trainer {pid}: {last}", None, pid)
-
-
-def _owner(pid: int) -> int | None:
-    try:
-        return os.stat(f"/proc/{pid}").st_uid
-    except OSError:
-        return None
 
 
 NO_PYSPY = Notice(
