@@ -18,11 +18,13 @@ class FetchGaps:
         self.directory = directory
         self.pub: _Publisher | None = None
         self.fetching_since: int | None = None  # perf_counter_ns when the loop began to fetch
+        self.new_iterator = False  # an epoch began: its first batch tells the workers
 
-    def start(self, loader) -> None:
+    def start(self, loader, new_iterator: bool = False) -> None:
         """The loop starts fetching (an epoch, a validation run, the step after one)."""
         if self.pub is None:
             self.pub = publisher(self.name, _config(first_loader(loader)), self.directory)
+        self.new_iterator = self.new_iterator or new_iterator
         self.fetching_since = time.perf_counter_ns()
         self.pub.entering()
 
@@ -31,8 +33,10 @@ class FetchGaps:
             return
         self.pub.record(time.perf_counter_ns() - self.fetching_since, batch)
         self.fetching_since = None
-        if self.pub.batches == 1 or self.pub.config.get("worker_pids") == []:
-            # Persistent and torchdata loaders keep their iterator: its workers, by pid.
+        if self.new_iterator:
+            # Once an epoch, not every batch: persistent and torchdata loaders keep their
+            # iterator, and its workers are there by the first batch.
+            self.new_iterator = False
             self.pub.publish_workers(_worker_pids(getattr(first_loader(loader), "_iterator", None)))
 
     def pause(self) -> None:

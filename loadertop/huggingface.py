@@ -23,7 +23,7 @@ class LoadertopCallback(TrainerCallback):
         self.train = FetchGaps("train", directory)
 
     def on_epoch_begin(self, args, state, control, train_dataloader=None, **kwargs):
-        self.train.start(train_dataloader)
+        self.train.start(train_dataloader, new_iterator=True)
 
     def on_step_begin(self, args, state, control, train_dataloader=None, **kwargs):
         self.train.got(train_dataloader, None)

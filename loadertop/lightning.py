@@ -26,7 +26,7 @@ class LoadertopCallback(Callback):
         self.val = FetchGaps("val", directory)
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
-        self.train.start(trainer.train_dataloader)
+        self.train.start(trainer.train_dataloader, new_iterator=True)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self.train.got(trainer.train_dataloader, batch)
@@ -41,7 +41,7 @@ class LoadertopCallback(Callback):
         self.train.pause()
 
     def on_validation_epoch_start(self, trainer, pl_module) -> None:
-        self.val.start(trainer.val_dataloaders)
+        self.val.start(trainer.val_dataloaders, new_iterator=True)
 
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
         self.val.got(trainer.val_dataloaders, batch)
