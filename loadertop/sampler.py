@@ -181,14 +181,14 @@ class Sampler:
         if self.stacks is not None:
             running = [t for t in trainers if t.status == "running"]
             owners = {t.pid for t in trainers}
-            self._candidates = {pid: key_of(tree.stats[pid]) for _, tree, _ in walked for pid in tree.candidates
-                                if pid not in owners and pid not in tree.workers}
+            candidates = {pid: tree.stats[pid] for _, tree, _ in walked for pid in tree.candidates
+                          if pid not in owners and pid not in tree.workers}
+            self._candidates = {pid: key_of(st) for pid, st in candidates.items()}
             self.stacks.watch(
                 {t.pid: tuple(w.pid for w in t.workers) for t in running},
                 # Who each pid is: py-spy is pointed at pids, and checks them against these.
                 {p.pid: p.started_at for t in running for p in (t.main, *t.workers)}
-                | {pid: tree.stats[pid].started_at for _, tree, _ in walked for pid in tree.candidates
-                   if pid in self._candidates},
+                | {pid: st.started_at for pid, st in candidates.items()},
                 candidates=self._candidates,
             )
             for n in self.stacks.notices():

@@ -671,13 +671,13 @@ class StackSampler:
             for gone in [p for p in self._workers if p not in live]:
                 del self._workers[gone]
                 self._dumped_at.pop(gone, None)
-            refused = {p for p, until in self._refused_until.items() if time.monotonic() < until}
+            refused = {p for p, until in self._refused_until.items() if now < until}
             # A "no" is asked again later: a spawned worker is not in its loop until it has
             # unpickled its dataset, and a process may start a loader later on.
             untold = [p for p in self._candidates if p not in self._told
                       or (not self._told[p][0] and now - self._told[p][1] >= self._retell_after(p))]
-        if untold:
-            return min(untold, key=lambda p: self._told.get(p, (False, float("-inf")))[1])
+            if untold:  # the longest untold first
+                return min(untold, key=lambda p: self._told.get(p, (False, float("-inf")))[1])
         owners = {w: t for t, ws in targets.items() for w in ws}
         candidates = [w for w in workers if owners[w] not in refused
                       and (self.refresh_doing or w not in self._dumped_at)]
