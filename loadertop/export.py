@@ -72,10 +72,11 @@ class Exporter:
         self._thread.join(timeout=5)
         self.sampler.close()
 
-    def stale(self, now: float | None = None) -> bool:
+    def stale(self, last_at: float | None, now: float | None = None) -> bool:
+        """A snapshot sampled at last_at is too old to serve as current."""
         now = time.time() if now is None else now
         limit = max(STALE_MIN_S, STALE_INTERVALS * self.interval_s)
-        return self.last_sample_at is None or now - self.last_sample_at > limit
+        return last_at is None or now - last_at > limit
 
     # prometheus_client's custom collector protocol
     def describe(self):
@@ -93,7 +94,7 @@ class Exporter:
         failed = CounterMetricFamily(*SAMPLE_ERRORS)
         failed.add_metric([], errors)
         yield failed
-        if latest is None or self.stale():
+        if latest is None or self.stale(last_at):  # the same reading as `latest`, under one lock
             return  # no figures rather than old ones that look current
         snap, findings = latest
         host = snap.host.hostname
