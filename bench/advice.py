@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from loadertop.demo_job import calibrate  # noqa: E402
-from loadertop.jobs import stop_job  # noqa: E402
+from loadertop.jobs import shm_wrapper, stop_job  # noqa: E402
 from loadertop.probes.procfs import descendants  # noqa: E402
 
 CGROUP = "/sys/fs/cgroup/cpu/loadertop-bench"
@@ -173,8 +173,7 @@ class Run:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                    f"--nproc-per-node={case.ranks}", *module]
         if setting.shm_mb:
-            script = f'mount -t tmpfs -o size={setting.shm_mb}m tmpfs /dev/shm && exec "$0" "$@"'
-            cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, *cmd]
+            cmd = [*shm_wrapper(f"{setting.shm_mb}m"), *cmd]
         if case.quota_cpus:
             cmd = ["sh", "-c", f'echo $$ > {CGROUP}/cgroup.procs && exec "$0" "$@"', *cmd]
         env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 
-from .jobs import stop_job
+from .jobs import can_unshare_shm, shm_wrapper, stop_job
 
 __all__ = ["SCENARIOS", "start_job", "stop_job"]
 
@@ -46,14 +45,7 @@ def _die_with_parent() -> None:
 
 def _small_shm_wrapper() -> list[str] | None:
     """unshare + a 64 MB tmpfs on /dev/shm, as in a default Docker container (root only)."""
-    if os.geteuid() != 0 or not shutil.which("unshare"):
-        return None
-    script = f'mount -t tmpfs -o size={SHM_SIZE} tmpfs /dev/shm && exec "$0" "$@"'
-    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
-                            "mount -t tmpfs -o size=1m tmpfs /dev/shm"], capture_output=True)
-    if probe.returncode != 0:
-        return None
-    return ["unshare", "-m", "--propagation", "private", "sh", "-c", script]
+    return shm_wrapper(SHM_SIZE) if can_unshare_shm() else None
 
 
 def start_job(scenario: str, duration_s: float = 24 * 3600,

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from jobs import PYTHON, wait_for, worker_pids
 from test_diagnosis_live import report
-from test_isolation import _can_unshare
+
+from loadertop.jobs import can_unshare_shm, shm_wrapper
 
 pytestmark = pytest.mark.slow
 CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")
@@ -149,15 +150,14 @@ def test_ranks_pinned_to_their_own_cpu_are_not_divided_again(job):
     assert merged_change(rep) == {"DataLoader": {"num_workers": 1}, "dataset": "MapData"}
 
 
-@pytest.mark.skipif(not _can_unshare(), reason="unshare of a mount namespace is not permitted here")
+@pytest.mark.skipif(not can_unshare_shm(), reason="unshare of a mount namespace is not permitted here")
 def test_a_small_dev_shm_caps_the_workers_it_proposes(job):
     # Issue item 7: /dev/shm nearly full in a 64 MB container was told "4 -> 10 workers,
     # prefetch_factor=4". Here 1 worker of 6 MiB batches would gain from a second, and a
     # 24 MiB /dev/shm holds 3 batches in flight (80%): 2 workers with 1 batch each.
     size = 24 * 2**20
-    script = f'mount -t tmpfs -o size={size} tmpfs /dev/shm && exec "$0" "$@"'
     j = job("--workers", "1", "--persistent", "--item-ms", "3", "--tensor-kb", "1024", "--batch-size", "6",
-            "--step-ms", "10", cmd=["unshare", "-m", "--propagation", "private", "sh", "-c", script, PYTHON])
+            "--step-ms", "10", cmd=[*shm_wrapper(size), PYTHON])
     j.wait_ready()
     rep = report(j.pid, duration=10)
     change = merged_change(rep)

@@ -10,8 +10,9 @@ import time
 
 import pytest
 from jobs import PYTHON, loadertop, worker_pids
-from test_isolation import _can_unshare
 from test_snapshot_cli import SCHEMA
+
+from loadertop.jobs import can_unshare_shm, shm_wrapper
 
 
 def report(*pids: int, duration: float = 10, interval: float = 0.5, stacks: bool = True) -> dict:
@@ -81,14 +82,13 @@ def test_copy_on_read_memory_growth(job):
     assert "numpy" in f["worker_memory_growth"]["suggestion"]
 
 
-@pytest.mark.skipif(not _can_unshare(), reason="unshare of a mount namespace is not permitted here")
+@pytest.mark.skipif(not can_unshare_shm(), reason="unshare of a mount namespace is not permitted here")
 def test_small_dev_shm_fills(job):
     # 2 workers x prefetch_factor 4 = 8 batches of 1 MiB in flight (9 with the one in use)
     # in a 9.5 MiB /dev/shm: 84-95 % full, below the crash.
     size = 19 * 2**19
-    script = f'mount -t tmpfs -o size={size} tmpfs /dev/shm && exec "$0" "$@"'
     j = job("--workers", "2", "--persistent", "--prefetch", "4", "--tensor-kb", "128", "--batch-size", "8",
-            "--step-ms", "150", cmd=["unshare", "-m", "--propagation", "private", "sh", "-c", script, PYTHON])
+            "--step-ms", "150", cmd=[*shm_wrapper(size), PYTHON])
     j.wait_ready()
     rep = report(j.pid, duration=8, stacks=False)
     f = findings(rep)

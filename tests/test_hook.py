@@ -16,6 +16,7 @@ from test_snapshot_cli import only_trainer
 
 import loadertop as lt
 from loadertop.hook import hook_path
+from loadertop.jobs import shm_wrapper
 from loadertop.probes.hooks import read_hook
 
 
@@ -326,8 +327,7 @@ def test_a_full_dev_shm_disables_the_hook_instead_of_killing_the_job():
               "with warnings.catch_warnings(record=True) as w:\n"
               "    l = loadertop.watch([1, 2, 3], name='full')\n"
               "    print(sum(l), len(w), 'disabled' in str(w[0].message) if w else None)\n")
-    mount = 'mount -t tmpfs -o size=64k tmpfs /dev/shm && exec "$0" "$@"'
-    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", mount, sys.executable, "-c", script],
+    r = subprocess.run([*shm_wrapper("64k"), sys.executable, "-c", script],
                        capture_output=True, text=True, timeout=60, env={**_os.environ, "PYTHONPATH": str(REPO)})
     if "mount" in r.stderr and r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")

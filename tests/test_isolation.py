@@ -15,26 +15,17 @@ import pytest
 from jobs import PYTHON, REPO, worker_pids
 from test_snapshot_cli import SCHEMA, only_trainer, snapshot
 
+from loadertop.jobs import can_unshare_shm, shm_wrapper
+
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 
-def _can_unshare() -> bool:
-    if os.geteuid() != 0 or not shutil.which("unshare"):
-        return False
-    r = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", "sh", "-c",
-         "mount -t tmpfs -o size=1m tmpfs /dev/shm"],
-        capture_output=True,
-    )
-    return r.returncode == 0
 
 
-@pytest.mark.skipif(not _can_unshare(), reason="unshare of a mount namespace is not permitted here")
+@pytest.mark.skipif(not can_unshare_shm(), reason="unshare of a mount namespace is not permitted here")
 def test_trainer_with_its_own_small_dev_shm(job):
     size = 48 * 1024 * 1024
-    script = f'mount -t tmpfs -o size={size} tmpfs /dev/shm && exec "$0" "$@"'
-    j = job("--workers", "2", "--persistent", "--tensor-kb", "64",
-            cmd=["unshare", "-m", "--propagation", "private", "sh", "-c", script, PYTHON])
+    j = job("--workers", "2", "--persistent", "--tensor-kb", "64", cmd=[*shm_wrapper(size), PYTHON])
     j.wait_ready()
     shm = only_trainer(snapshot(j.pid))["shm"]
     assert shm["total_bytes"] == size, "the trainer's /dev/shm, not the host's"

@@ -12,8 +12,8 @@ import time
 
 import pytest
 from jobs import PYTHON, REPO, descendants, loadertop, state, wait_for
-from test_isolation import _can_unshare
 
+from loadertop.jobs import can_unshare_shm, shm_wrapper
 from loadertop.probes.host import usable_cpus
 from loadertop.tune import plan
 from loadertop.tune.plan import Config, Trial
@@ -166,14 +166,13 @@ def test_emulated_step_reports_data_wait(tmp_path):
     assert "data wait" in r.stdout
 
 
-@pytest.mark.skipif(not _can_unshare(), reason="unshare of a mount namespace is not permitted here")
+@pytest.mark.skipif(not can_unshare_shm(), reason="unshare of a mount namespace is not permitted here")
 def test_settings_that_overflow_a_small_dev_shm_are_left_out(tmp_path):
     out = tmp_path / "tune.json"
-    script = 'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$0" "$@"'
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     # 4 MiB samples in batches of 4: 16 MiB a batch; 4 workers x prefetch 4 hold 16 batches.
     r = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", "sh", "-c", script, PYTHON, "-m", "loadertop", "tune",
+        [*shm_wrapper("64m"), PYTHON, "-m", "loadertop", "tune",
          "loadertop.tune.examples:large", "--workers", "1,4", "--prefetch", "1,4", "--budget", "24",
          "--first-batch-timeout", "20", "-o", str(out)],
         capture_output=True, text=True, timeout=180, env=env)
