@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from .fields import human_bytes
 from .model import Snapshot, TrainerSnapshot
-from .report_md import plan_line
+from .report_md import plan_line, processes
 from .report_md import render as render_md
 from .verdict import verdict_of_report
 
@@ -158,8 +158,7 @@ def render(report: dict, snapshots: Sequence[Snapshot]) -> str:
     ) or "<li>No findings.</li>"
     rows = []
     for t in report["trainers"]:
-        for label, w in [("main", t["main"])] + [
-                (f"w{w['worker_id']}" if w["worker_id"] is not None else "w?", w) for w in t["workers"]]:
+        for label, w in processes(t):
             cpu = "" if w["cpu_percent"] is None else round(w["cpu_percent"], 1)
             rows.append(f"<tr><td>{e(t['pid'])}</td><td>{e(label)}</td><td>{e(w['pid'])}</td><td>{e(cpu)}</td>"
                         f"<td>{e(human_bytes(w['uss_bytes']))}</td><td>{e(human_bytes(w['rss_bytes']))}</td>"

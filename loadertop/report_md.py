@@ -38,6 +38,13 @@ def plan_line(t: dict) -> str:
     return f"Change `{' '.join(parts)}`{loader}{effect}."
 
 
+def processes(t: dict) -> list[tuple[str, dict]]:
+    """A report trainer's processes as the tables name them: main, w0, w1… (w? before py-spy
+    has read a worker's id)."""
+    return [("main", t["main"])] + [
+        (f"w{w['worker_id']}" if w["worker_id"] is not None else "w?", w) for w in t["workers"]]
+
+
 def render(report: dict) -> str:
     lines: list[str] = []
     host = report["host"]
@@ -94,9 +101,7 @@ def render(report: dict) -> str:
         lines.append("")
         lines.append("| worker | pid | CPU % | USS | RSS | threads | ctx sw/s | state | doing |")
         lines.append("|---|---|---|---|---|---|---|---|---|")
-        for label, p in [("main", t["main"])] + [
-            (f"w{w['worker_id']}" if w["worker_id"] is not None else "w?", w) for w in t["workers"]
-        ]:
+        for label, p in processes(t):
             csw = None
             if p["ctx_switches_voluntary_per_s"] is not None:
                 csw = p["ctx_switches_voluntary_per_s"] + (p["ctx_switches_involuntary_per_s"] or 0)
