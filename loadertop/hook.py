@@ -81,19 +81,6 @@ def _worker_pids(iterator) -> list[int]:
         return []
 
 
-def _own_start_time() -> float | None:
-    """This process's start, in epoch seconds (a stale file of an earlier process with our
-    pid was written before it)."""
-    try:
-        with open("/proc/self/stat", "rb") as f:
-            start_ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
-        with open("/proc/stat", "rb") as f:
-            boot = next(float(line.split()[1]) for line in f if line.startswith(b"btime "))
-        return boot + start_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
-
-
 def _is_stale_own(path: str) -> bool:
     """A file at our path that an earlier process with our pid left behind: a regular file of
     ours, written before this process started."""
@@ -106,8 +93,10 @@ def _is_stale_own(path: str) -> bool:
         started = HEADER.unpack_from(raw, 0)[2] if len(raw) == HEADER.size and raw[:8] == MAGIC else 0.0
     except (OSError, struct.error):
         return False
-    ours = _own_start_time()
-    return ours is not None and started < ours - 1.0
+    from .probes.procfs import read_stat  # only here: the training script imports this module
+
+    ours = read_stat(os.getpid())  # this process's start (a stale file was written before it)
+    return ours is not None and started < ours.started_at - 1.0
 
 
 def _create(path: str) -> int:
