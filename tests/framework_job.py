@@ -62,7 +62,10 @@ class Truth:
             os.replace(tmp, self.args.truth)
 
     def over(self) -> bool:
-        """--duration seconds after the first batch (imports and start-up vary by framework)."""
+        """--duration seconds after the first batch (imports and start-up vary by framework),
+        or as soon as the --stop file appears: the job then ends as a finished one does."""
+        if self.args.stop and os.path.exists(self.args.stop):
+            return True
         return self.first is not None and time.perf_counter() - self.first >= self.args.duration
 
 
@@ -224,6 +227,7 @@ def main() -> None:
     p.add_argument("--duration", type=float, default=60.0, help="seconds after the first batch")
     p.add_argument("--ready")
     p.add_argument("--truth")
+    p.add_argument("--stop", help="end the loop once this file exists")
     args = p.parse_args()
     torch.set_num_threads(1)
     run = {"stateful": stateful, "lightning": lightning, "accelerate": accelerate, "huggingface": huggingface}

@@ -356,13 +356,14 @@ EXPORTER = Profile(window_s=10, gap_s=50.0, rolling_s=120.0, dump_interval_s=2.0
 
 def snapshot_profile(duration_s: float) -> Profile:
     """A snapshot: one window spans it all, so that data wait covers the same time. A report
-    is acted on, and data wait is a share of samples (binomial: ±2.5 points at 400 of them
-    for a 75% wait, ±5 at 80): a short snapshot samples faster, up to 50 Hz, for ~400."""
+    is acted on, and data wait is a share of samples (binomial: one standard error is 1.4
+    points at 1000 of them for a 75% wait, 4.8 at 80): a short snapshot samples faster, up
+    to 50 Hz, for ~1000."""
     rate = max(10, min(50, round(SNAPSHOT_SAMPLES / max(1.0, duration_s))))
     return Profile(window_s=max(1, int(duration_s)), rolling_s=duration_s + 60, rate_hz=rate)
 
 
-SNAPSHOT_SAMPLES = 400
+SNAPSHOT_SAMPLES = 1000
 
 
 class StackSampler:
