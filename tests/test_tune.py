@@ -138,7 +138,12 @@ def test_sleeping_dataset_gets_more_workers_than_cores(tmp_path):
     assert all(c["first_batch_s"] is not None and c["worker_cpu_percent"] is not None for c in result["configs"])
 
 
-def test_cpu_bound_dataset_saturates_at_the_usable_cpus(tmp_path):
+def test_cpu_bound_dataset_saturates_at_the_usable_cpus(tmp_path, monkeypatch):
+    from loadertop.demo_job import calibrate
+
+    # Timed once here: every trial's items then do the same loop count (a trial that timed
+    # itself on a busy moment made its items cheaper, and 4 workers on 2 CPUs look faster).
+    monkeypatch.setenv("LOADERTOP_WORK_PER_MS", f"{calibrate():.3f}")
     cpus = usable_cpus(0)
     many = 2 * cpus
     result, _ = tune_json(tmp_path, "loadertop.tune.examples:cpu_bound", "--workers", f"1,{cpus},{many}",

@@ -10,12 +10,23 @@ This module imports torch: tune imports it only in its trial processes.
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
 from torch.utils.data import Dataset
 
 from ..demo_job import calibrate, units_for, work
+
+
+def _work_per_ms() -> float:
+    """Work units per ms of one free core: LOADERTOP_WORK_PER_MS where the caller timed it
+    once, so that every trial (each its own process) does the same fixed work; else timed
+    here, which on a busy machine makes one trial's item cheaper than another's."""
+    try:
+        return float(os.environ["LOADERTOP_WORK_PER_MS"])
+    except (KeyError, ValueError):
+        return calibrate()
 
 
 class Items(Dataset):
@@ -25,7 +36,7 @@ class Items(Dataset):
     def __init__(self, length: int, floats: int = 1024, cpu_ms: float = 0.0, sleep_ms: float = 0.0) -> None:
         self.length = length
         self.floats = floats
-        self.units = units_for(cpu_ms, calibrate()) if cpu_ms else 0
+        self.units = units_for(cpu_ms, _work_per_ms()) if cpu_ms else 0
         self.sleep_ms = sleep_ms
 
     def __len__(self) -> int:
