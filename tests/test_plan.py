@@ -333,3 +333,36 @@ def test_loading_moved_off_the_main_process_gets_enough_workers():
     findings, plan = plan_of(story(30, make))
     assert changes(findings)["DataLoader"]["num_workers"] == 2
     assert 0.6 <= plan.gain <= 1.4
+
+
+def test_a_cpu_heavy_loop_gains_only_what_its_share_of_the_cpus_allows():
+    # bench/advice.py's heavy_main case as its snapshot read it: 2 CPUs, the loop computes
+    # 63% of its time on the CPU, one worker at 96% and 40% data wait. A second worker makes
+    # three busy threads on two CPUs: the loop's compute then shares a CPU with the workers,
+    # and it measured only +8% to +11% (the CPUs alone would allow +25%).
+    def make(t):
+        tr = trainer(workers=1, worker_cpu=96.0, wait=0.4, usable=2, cpu_set=(0, 1), main=process(TRAINER, 63.0))
+        return snapshot(t, [tr], host(2, cpu=80.0))
+
+    findings, plan = plan_of(story(30, make))
+    assert changes(findings)["DataLoader"]["num_workers"] == 2
+    assert 0.03 <= plan.gain <= 0.16
+    relative = plan.evidence["model"]["relative_steps_per_s"]
+    assert relative["w=4 pf=2"] <= relative["w=2 pf=2"] * 1.02  # more workers add nothing
+
+
+def test_a_main_thread_waiting_on_the_gpu_is_not_a_busy_thread_for_the_pools():
+    # One worker with a two-thread pool on 2 CPUs beside a loop that uses 3% of a CPU (it
+    # waits on CUDA): two busy threads on two CPUs is no oversubscription. The same worker
+    # beside a loop that computes on a whole CPU is.
+    def make(main_cpu):
+        def one(t):
+            tr = trainer(workers=1, worker_cpu=190.0, wait=0.3, usable=2, cpu_set=(0, 1),
+                         main=process(TRAINER, main_cpu))
+            return snapshot(t, [busy(tr, busy_threads=2)], host(2, cpu=95.0))
+        return one
+
+    _, idle = plan_of(story(30, make(3.0)))
+    _, busy_loop = plan_of(story(30, make(100.0)))
+    assert idle.cause != "threads"
+    assert busy_loop.cause == "threads"

@@ -87,6 +87,14 @@ class Measured:
     def num_workers(self) -> int:
         return self.loader.num_workers if self.loader else 0
 
+    @property
+    def main_demand(self) -> float:
+        """CPUs the main process would use if nothing made it wait: a GPU job's main thread
+        that mostly waits on CUDA counts as the little CPU it uses, not as a whole thread."""
+        if self.main_cpu is None:
+            return self.main_busy_threads
+        return self.main_cpu + self.main_runqueue
+
 
 def _mean(values) -> float | None:
     present = [v for v in values if v is not None]

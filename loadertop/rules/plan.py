@@ -180,7 +180,8 @@ def _cause(m: Measured, t: Terms | None, hung: bool) -> str:
     if lw is not None and _pools_oversubscribe(m):
         return THREADS
     budget = m.budget
-    if budget.limit == "quota" and (budget.throttled or 0.0) >= T.THROTTLED_SHARE:
+    # Periods that ran out of quota say the quota binds, whatever else takes the CPUs.
+    if budget.quota is not None and (budget.throttled or 0.0) >= T.THROTTLED_SHARE:
         return QUOTA
     if lw is not None and _starved(m):
         if budget.limit == "busy_host":
@@ -209,7 +210,7 @@ def _pools_oversubscribe(m: Measured) -> bool:
     lw = m.loader
     if lw is None or lw.busy_threads is None or lw.busy_threads < T.WORKER_BUSY_THREADS:
         return False
-    return lw.num_workers * lw.busy_threads + m.main_busy_threads > m.budget.cpus + 0.5
+    return lw.num_workers * lw.busy_threads + m.main_demand > m.budget.cpus + 0.5
 
 
 def _starved(m: Measured) -> bool:
@@ -361,6 +362,9 @@ def make_plan(m: Measured, hung: bool = False) -> Plan:
             chosen = current
     if cause == THREADS and chosen.setting.threads_per_worker != 1:
         chosen = predict(t, Setting(chosen.setting.num_workers, 1, chosen.setting.prefetch_factor))
+    # What the model read and what it predicts for each setting it weighed: the figures
+    # behind the change, for anyone who wants to check it against a measurement.
+    evidence["model"] = _model_evidence(t, current, options)
     limit = _limit(m, t, chosen, current, refused, budget.limit)
     shm_size = _shm_wanted(m, t, now, cause, chosen, current, batch, bool(refused.get("shm")))
     pressure = bool(m.shm_total and m.shm_peak and m.shm_peak >= T.SHM_WARNING * m.shm_total)
@@ -377,6 +381,13 @@ def make_plan(m: Measured, hung: bool = False) -> Plan:
         wait_after = m.wait
     return Plan(chosen=chosen.setting, gain=gain, wait_after=wait_after, limit=limit,
                 shm_size=shm_size if pressure else None, shm_for_more=shm_size, bigger_budget=bigger, **base)
+
+
+def _model_evidence(t: Terms, current: Prediction, options: list[Prediction]) -> dict:
+    terms = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in vars(t).items()}
+    ordered = sorted(options, key=lambda p: p.setting.num_workers)
+    predicted = {p.setting.label(): round(p.relative(current), 3) for p in ordered}
+    return {"terms": terms, "bound_now": current.bound, "relative_steps_per_s": predicted}
 
 
 def _without_data_wait(m: Measured, now: Setting, cause: str) -> Setting:

@@ -91,14 +91,15 @@ MIN_GAIN = 0.05
 # Fewer workers or threads, for a cost reason (oversubscription, memory, /dev/shm), only
 # where the model predicts no more than this loss.
 MAX_LOSS = 0.02
-# What receiving a batch from a worker costs the main process, as a share of loading it
-# (unpickling, the fd hand-shake). bench/advice.py's num_workers=0 case measured +78% and
-# +120% for 2 workers in two runs; 0.25 made 1 and 2 workers look alike there and chose 1
-# (docs/BENCHMARKS.md §8), 0.1 predicts ~+90-100% and chooses 2.
+# Loading moved from the main process to workers costs a little on both sides of the hand-over
+# (a worker pickles the batch into shared memory, the main process unpickles it): shares of
+# the loading, fitted on bench/advice.py's num_workers=0 case (docs/BENCHMARKS.md §8).
 RECEIVE_SHARE = 0.1
+SEND_SHARE = 0.1
 # Worker thread pools that outnumber the CPUs keep (CPUs / busy threads) to this power of
-# their CPU as useful work: the rest spins or preempts (fitted on bench/advice.py's threads case).
-POOL_WASTE_EXPONENT = 2.0
+# their CPU as useful work: the rest spins or preempts (fitted on bench/advice.py's threads
+# case, docs/BENCHMARKS.md §8).
+POOL_WASTE_EXPONENT = 1.7
 # Floors that keep the model's divisions finite.
 MIN_SERIAL_SHARE = 0.02
 MAX_RUNQUEUE_SHARE = 0.9

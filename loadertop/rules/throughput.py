@@ -13,7 +13,8 @@ Time is in units of the current step, so the measured shares are the model's ter
 - the trainer can get `K` CPUs (affinity, quota, other jobs: measure.CpuBudget).
 
 Three bounds then cap the steps per unit of time: n' workers deliver at most n'/b0', the
-CPUs run at most K / (m + c) steps, and the main process at most 1/s0. Where two bounds are
+CPUs run at most K / (m + c) steps, and the main process at most 1/s0, where s0 grows by the
+time it waits for a CPU, in proportion to the workers' CPU load at the predicted rate. Where two bounds are
 close, the real rate is lower than either (workers and the loop wait for each other, and a
 CPU idles in the gaps), so the rate is their soft minimum, (Σ bound^-P)^(-1/P), not the hard
 one; P was fitted on bench/advice.py's real jobs (docs/BENCHMARKS.md). Where the workers
@@ -40,6 +41,11 @@ class Setting:
     threads_per_worker: int  # 0: as now (whatever pools the workers run)
     prefetch_factor: int
 
+    def label(self) -> str:
+        """'w=2 pf=2', 'w=2 pf=4 t=1': how the plan's evidence names a setting."""
+        text = f"w={self.num_workers} pf={self.prefetch_factor}"
+        return text + (f" t={self.threads_per_worker}" if self.threads_per_worker else "")
+
 
 @dataclass(frozen=True)
 class Terms:
@@ -58,6 +64,7 @@ class Terms:
     loader_bound: bool  # the loop waits on the workers now
     pool_efficiency: float = 1.0  # share of the workers' CPU that is useful work (pools spin when oversubscribed)
     contended: bool = False  # the workers wait for CPUs now: no idle gaps for a knee to lose
+    main_threads: float = 1.0  # the main process's busy threads
 
 
 def terms(m: Measured) -> Terms | None:
@@ -99,10 +106,11 @@ def terms(m: Measured) -> Terms | None:
     # only the useful share: (CPUs / busy threads)^POOL_WASTE_EXPONENT of their CPU.
     efficiency = 1.0
     if k > 1.0:
-        efficiency = min(1.0, m.budget.cpus / (n * k + m.main_busy_threads)) ** T.POOL_WASTE_EXPONENT
+        efficiency = min(1.0, m.budget.cpus / (n * k + m.main_demand)) ** T.POOL_WASTE_EXPONENT
     return Terms(s0=s0, m=main_cpu, loading=0.0, loading_cpu=0.0, n=n, cpu_per_batch=n * u, io_per_batch=io,
                  threads=k, latency=latency, cpus=m.budget.cpus, loader_bound=loader_bound,
-                 pool_efficiency=efficiency, contended=waiting >= T.STARVED_RUNQUEUE_SHARE)
+                 pool_efficiency=efficiency, contended=waiting >= T.STARVED_RUNQUEUE_SHARE,
+                 main_threads=threads)
 
 
 def softmin(*bounds: float) -> float:
@@ -142,8 +150,8 @@ def predict(t: Terms, s: Setting, cpus: float | None = None) -> Prediction:
         # Workers take the loading over; the main process keeps its compute and receives.
         serial = max(T.MIN_SERIAL_SHARE, t.s0 - t.loading + T.RECEIVE_SHARE * t.loading)
         main_cpu = max(0.0, t.m - t.loading_cpu)
-        latency = t.latency
-        cpu_per_batch = t.cpu_per_batch
+        latency = t.latency * (1.0 + T.SEND_SHARE)
+        cpu_per_batch = t.cpu_per_batch * (1.0 + T.SEND_SHARE)
     else:
         serial = t.s0
         main_cpu = t.m
@@ -156,9 +164,39 @@ def predict(t: Terms, s: Setting, cpus: float | None = None) -> Prediction:
             latency = cpu_per_batch + t.io_per_batch
     workers = s.num_workers / max(1e-3, latency)
     cpu = k_cpus / max(1e-3, main_cpu + cpu_per_batch)
-    main = 1.0 / serial
-    bounds = {"workers": workers, "cpus": cpu, "main_process": main}
+
+    main = min(1.0 / serial, _main_among_workers(t, s, serial, main_cpu, cpu_per_batch, workers, k_cpus))
     # Where threads already queue for the CPUs, the CPUs are never idle: their bound is a hard
     # one, and fewer workers that still fill them lose nothing.
     rate = min(softmin(workers, main), cpu) if t.contended else softmin(workers, cpu, main)
+    bounds = {"workers": workers, "cpus": cpu, "main_process": main}
     return Prediction(s, rate, min(bounds, key=bounds.get), min(cpu, main))
+
+
+def _main_among_workers(t: Terms, s: Setting, serial: float, main_cpu: float, cpu_per_batch: float,
+                        workers: float, cpus: float) -> float:
+    """The main process's rate when its workers' threads and its own outnumber the CPUs.
+
+    The scheduler then gives its busy thread a fair share `sigma` of a CPU, so its compute
+    stretches while the workers run. The workers, faster meanwhile, fill their prefetch
+    queue and stop until it drains; the main process then runs alone. The rate is the mix of
+    the two phases that keeps the queue level: between the shared and the lone rate, never
+    past the CPUs (this is why a CPU-heavy loop gains less from more workers than its CPU
+    share alone suggests)."""
+    # Busy worker threads beyond the CPUs do not shrink its share further: the scheduler
+    # favours the thread that wakes, and the loop wakes for every batch.
+    runnable = min(cpus, s.num_workers * max(1.0, t.threads if s.threads_per_worker != 1 else 1.0),
+                   cpu_per_batch * workers)
+    sigma = min(1.0, cpus / (1.0 + runnable))
+    compute = main_cpu / max(1.0, t.main_threads)  # its busiest thread's CPU per step
+    if sigma >= 1.0 or compute <= 0.0:
+        return float("inf")
+    idle = max(0.0, serial - compute)  # serial time off the CPU (a GPU step, I/O)
+    alone = 1.0 / (idle + compute)
+    shared = 1.0 / (idle + compute / sigma)
+    filling = min(workers, max(0.0, cpus - main_cpu * shared) / max(1e-3, cpu_per_batch))
+    if filling <= shared:
+        return shared  # the workers cannot get ahead even then
+    phase = alone / (filling - shared + alone)  # share of the time all of them run
+    return phase * shared + (1.0 - phase) * alone
+
