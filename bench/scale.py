@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from loadertop.probes.procs import ProcessSampler  # noqa: E402
+from loadertop.probes.processes import ProcessSampler  # noqa: E402
 from loadertop.sampler import Sampler  # noqa: E402
 
 

@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from loadertop.probes.gpu import GpuProbe  # noqa: E402
-from loadertop.probes.procs import ProcessSampler  # noqa: E402
+from loadertop.probes.processes import ProcessSampler  # noqa: E402
 from loadertop.sampler import Sampler  # noqa: E402
 
 

@@ -8,8 +8,8 @@ import os
 import signal
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
+from typing import NoReturn
 
 from . import __version__
 
@@ -68,7 +68,7 @@ def _positive(text: str) -> float:
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, no usage dump
+    def error(self, message: str) -> NoReturn:  # one line, no usage dump
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
@@ -211,29 +211,6 @@ def _check_output(path: str, formats: tuple[str, ...] = REPORT_FORMATS) -> None:
         raise UsageError(f"cannot write {path!r}: it is not a regular file (a FIFO, a device or a folder)")
 
 
-def run_ticks(sampler, duration_s: float, on_snapshot, before_last=None) -> None:
-    """Tick every interval until duration_s passed (inf: until interrupted) or every job
-    exited; never overlapping. The last tick completes the slow readings so that a report has
-    USS/PSS for everyone; before_last() runs just before it (the stack sampler's last window)."""
-    start = time.monotonic()
-    n = 0
-    while True:
-        last = (n + 1) * sampler.interval_s > duration_s + 1e-6
-        if n:
-            time.sleep(max(0.0, start + n * sampler.interval_s - time.monotonic()))
-        if last and before_last is not None:
-            before_last()
-        on_snapshot(sampler.tick(complete=last))
-        n += 1
-        if last:
-            return
-        if all(j.exited for j in sampler.jobs):
-            if before_last is not None:
-                before_last()
-                on_snapshot(sampler.tick(complete=True))
-            return
-
-
 def _read_recording(path: str):
     from .record import NotARecording, read
 
@@ -253,13 +230,13 @@ def _read_recording(path: str):
 def _render(path: str | None, report: dict, snapshots) -> str:
     ext = os.path.splitext(path or "")[1].lower()
     if ext == ".md":
-        from .report_md import render
+        from .report_md import render as render_md
 
-        return render(report)
+        return render_md(report)
     if ext == ".html":
-        from .report_html import render
+        from .report_html import render as render_html
 
-        return render(report, snapshots)
+        return render_html(report, snapshots)
     from .report import to_json
 
     return to_json(report)
@@ -313,8 +290,8 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 
 def _sample_for_snapshot(args: argparse.Namespace):
-    from .probes.procs import ProcessSampler
-    from .sampler import History, Sampler
+    from .probes.processes import ProcessSampler
+    from .sampler import History, Sampler, run_ticks
 
     _check_pids(args.pids)
     stacks = None
@@ -347,7 +324,7 @@ def _sample_for_snapshot(args: argparse.Namespace):
 
 def cmd_record(args: argparse.Namespace) -> int:
     from .record import Recorder
-    from .sampler import Sampler
+    from .sampler import Sampler, run_ticks
 
     _check_pids(args.pids)
     _check_output(args.output, formats=())
@@ -420,7 +397,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_tune(args: argparse.Namespace) -> int:
     from .report import write_file
     from .tune import output
-    from .tune.runner import FactoryError, Tuner, TuneSpec
+    from .tune.result import TuneSpec
+    from .tune.runner import FactoryError, Tuner
     from .tune.view import LineProgress, LiveProgress
 
     if ":" not in args.factory or args.factory.startswith(":") or args.factory.endswith(":"):
@@ -433,12 +411,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
                     workers=args.workers, prefetch=args.prefetch, pin_memory=args.pin_memory,
                     per_step_ms=args.per_step_ms, first_batch_timeout_s=args.first_batch_timeout,
                     python=args.python)
-    live = sys.stderr.isatty()
-    progress = (LiveProgress if live else LineProgress)(spec.metric, args.budget)
-    tuner = Tuner(spec, progress)
+    live = LiveProgress(spec.metric, args.budget) if sys.stderr.isatty() else None
+    tuner = Tuner(spec, live or LineProgress(spec.metric, args.budget))
     try:
-        if live:
-            with progress:
+        if live is not None:
+            with live:
                 result = tuner.run()
         else:
             result = tuner.run()

@@ -242,11 +242,12 @@ def main(argv=None) -> int:
     waited = 0.0
     steps = 0
     last_write = 0.0
-    truth = {"pid": os.getpid(), "wait_s": 0.0, "elapsed_s": 0.0, "steps": 0, "log": []}
+    log: list[list[float]] = []
+    truth = {"pid": os.getpid(), "wait_s": 0.0, "elapsed_s": 0.0, "steps": 0, "log": log}
 
     def write_truth(now: float) -> None:
         truth.update(wait_s=waited, elapsed_s=now - started, steps=steps)
-        truth["log"].append([time.time(), waited, now - started, steps])
+        log.append([time.time(), waited, now - started, steps])
         tmp = args.truth + ".tmp"
         with open(tmp, "w") as f:
             json.dump(truth, f)

@@ -1,31 +1,112 @@
-"""Each metric described once: its key, the column header, unit and help text. The workers
-table, the help screen and the report's documentation read these."""
+"""Each metric described once: its key, header, unit and help text, and for a process's
+figures how to read, format, size and align it. The TUI's workers table, the Markdown report's
+table, the exported metrics and the help screen all read these, so a column is defined once."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
+
+STATE_LETTER = {"running": "R", "sleeping": "S", "disk-sleep": "D", "stopped": "T", "zombie": "Z",
+                "exited": "X", "idle": "I"}
+
+
+def read(p: Any, name: str) -> Any:
+    """A figure of a process: a ProcessSample, or a process of the JSON report (a dict)."""
+    return p.get(name) if isinstance(p, Mapping) else getattr(p, name, None)
+
+
+def context_switches(p: Any) -> float | None:
+    """Voluntary and involuntary context switches per second."""
+    voluntary = read(p, "ctx_switches_voluntary_per_s")
+    if voluntary is None:
+        return None
+    return voluntary + (read(p, "ctx_switches_involuntary_per_s") or 0.0)
+
+
+def _threads(p: Any, now: float | None = None) -> str | None:
+    n, busy = read(p, "threads"), read(p, "busy_threads")
+    if n is None:
+        return None
+    return f"{n}({busy})" if busy and busy > 1 else str(n)
+
+
+def _doing(p: Any, now: float | None = None) -> str:
+    return read(p, "doing") or ("" if read(p, "status") == "exited" else "·")
+
+
+def _age(p: Any, now: float | None = None) -> float | None:
+    started = read(p, "started_at")
+    return None if now is None or not isinstance(started, (int, float)) else now - started
 
 
 @dataclass(frozen=True)
 class Field:
     key: str  # the report key
-    header: str  # the column header in the TUI
+    header: str  # the column header
     unit: str
     help: str
+    # How a process's figure is read (a ProcessSample or a report's dict; `now` for ages).
+    # None: the row's label (main, pin, w0…), given by the table.
+    value: Callable[[Any, float | None], Any] | None = None
+    format: Callable[[Any], str] = str
+    width: int = 0  # characters on screen; 0: the rest of the line
+    right: bool = False  # numbers align right
+
+    def figure(self, p: Any, now: float | None = None) -> Any:
+        return self.value(p, now) if self.value is not None else None
+
+    def text(self, p: Any, now: float | None = None) -> str:
+        v = self.figure(p, now)
+        return "n/a" if v is None else self.format(v)
+
+
+def _attr(name: str) -> Callable[[Any, float | None], Any]:
+    def value(p: Any, now: float | None = None) -> Any:
+        return read(p, name)
+
+    return value
+
+
+def _switches(p: Any, now: float | None = None) -> float | None:
+    return context_switches(p)
+
+
+def _state(p: Any, now: float | None = None) -> str:
+    return STATE_LETTER.get(read(p, "status"), "?")
 
 
 WORKER_FIELDS = (
-    Field("worker_id", "WORKER", "", "worker_id from the DataLoader (py-spy --locals); main / pin for the trainer"),
-    Field("pid", "PID", "", "process id"),
-    Field("cpu_percent", "CPU%", "%", "CPU use in percent of one core (above 100: several threads)"),
-    Field("uss_bytes", "USS", "bytes", "memory only this process holds (smaps; read on a slower cadence)"),
-    Field("rss_bytes", "RSS", "bytes", "resident memory, shared pages included"),
-    Field("threads", "THR", "", "threads; busy ones in parentheses when more than one computes"),
-    Field("ctx_switches_per_s", "CSW/s", "1/s", "context switches per second (voluntary + involuntary)"),
-    Field("status", "STATE", "", "R running, S sleeping, D disk wait, T stopped, Z zombie"),
-    Field("doing", "DOING", "", "what py-spy last saw it doing: the dataset frame, or waiting"),
-    Field("age_s", "AGE", "s", "time since the process started"),
+    Field("worker_id", "WORKER", "", "worker_id from the DataLoader (py-spy --locals); main / pin for the trainer",
+          width=6),
+    Field("pid", "PID", "", "process id", _attr("pid"), width=7),
+    Field("cpu_percent", "CPU%", "%", "CPU use in percent of one core (above 100: several threads)",
+          _attr("cpu_percent"), "{:.1f}".format, width=6, right=True),
+    Field("uss_bytes", "USS", "bytes", "memory only this process holds (smaps; read on a slower cadence)",
+          _attr("uss_bytes"), lambda v: human_bytes(v), width=6, right=True),
+    Field("rss_bytes", "RSS", "bytes", "resident memory, shared pages included",
+          _attr("rss_bytes"), lambda v: human_bytes(v), width=6, right=True),
+    Field("threads", "THR", "", "threads; busy ones in parentheses when more than one computes",
+          _threads, width=6),
+    Field("ctx_switches_per_s", "CSW/s", "1/s", "context switches per second (voluntary + involuntary)",
+          _switches, "{:.0f}".format, width=6, right=True),
+    Field("status", "STATE", "", "R running, S sleeping, D disk wait, T stopped, Z zombie",
+          _state, width=5),
+    Field("doing", "DOING", "", "what py-spy last saw it doing: the dataset frame, or waiting",
+          _doing),
+    Field("age_s", "AGE", "s", "time since the process started", _age, lambda v: human_age(v), width=6, right=True),
 )
+WORKER_FIELD = {f.key: f for f in WORKER_FIELDS}
+# A report's process table: the same columns but the age (its times are dates).
+REPORT_COLUMNS = tuple(f.key for f in WORKER_FIELDS if f.key != "age_s")
+
+
+def row(label: str, p: Any, now: float | None = None, keys: tuple[str, ...] | None = None) -> list[str]:
+    """One process's cells, in WORKER_FIELDS' order (or `keys`'), the first being its label."""
+    fields = WORKER_FIELDS if keys is None else [WORKER_FIELD[k] for k in keys]
+    return [label if f.value is None else f.text(p, now) for f in fields]
+
 
 TRAINER_FIELDS = (
     Field("data_wait_fraction", "data wait", "", "share of the training loop spent waiting in next(loader)"),
@@ -43,6 +124,11 @@ def human_bytes(n: float | None) -> str:
             return f"{n:.0f}{unit}" if unit in ("B", "K") or abs(n) >= 100 else f"{n:.1f}{unit}"
         n /= 1024
     return f"{n:.1f}T"
+
+
+def human_percent(x: float | None) -> str:
+    """A share (0-1) as a whole percentage."""
+    return "n/a" if x is None else f"{x:.0%}"
 
 
 def human_age(seconds: float | None) -> str:
@@ -82,14 +168,14 @@ def _help(key: str) -> str:
     return next(f.help for f in (*WORKER_FIELDS, *TRAINER_FIELDS) if f.key == key)
 
 
+def _process_metric(name: str, key: str) -> Metric:
+    """A process's figure as the workers table shows it, exported under `name`."""
+    field = WORKER_FIELD[key]
+    return Metric(name, field.help, "process", field.figure)
+
+
 def _shm(attr):
     return lambda t: getattr(t.shm, attr) if t.shm is not None else None
-
-
-def _csw(p):
-    if p.ctx_switches_voluntary_per_s is None:
-        return None
-    return p.ctx_switches_voluntary_per_s + (p.ctx_switches_involuntary_per_s or 0.0)
 
 
 EXPORTED = (
@@ -102,13 +188,13 @@ EXPORTED = (
     Metric("loadertop_shm_total_bytes", "size of the trainer's own /dev/shm", "trainer", _shm("total_bytes")),
     Metric("loadertop_trainer_up", "1 while the trainer runs, 0 once it exited", "trainer",
            lambda t: 1.0 if t.status == "running" else 0.0),
-    Metric("loadertop_cpu_percent", _help("cpu_percent"), "process", lambda p: p.cpu_percent),
-    Metric("loadertop_uss_bytes", _help("uss_bytes"), "process", lambda p: p.uss_bytes),
-    Metric("loadertop_rss_bytes", _help("rss_bytes"), "process", lambda p: p.rss_bytes),
+    _process_metric("loadertop_cpu_percent", "cpu_percent"),
+    _process_metric("loadertop_uss_bytes", "uss_bytes"),
+    _process_metric("loadertop_rss_bytes", "rss_bytes"),
     Metric("loadertop_pss_bytes", "proportional set size: shared pages divided among sharers", "process",
            lambda p: p.pss_bytes),
     Metric("loadertop_threads", "threads of the process", "process", lambda p: p.threads),
-    Metric("loadertop_context_switches_per_second", _help("ctx_switches_per_s"), "process", _csw),
+    _process_metric("loadertop_context_switches_per_second", "ctx_switches_per_s"),
     Metric("loadertop_host_cpu_percent", _help("host_cpu_percent"), "host", lambda h: h.cpu_percent),
     Metric("loadertop_host_dataloader_workers", "DataLoader workers of every trainer on the host", "host",
            lambda h: h.dataloader_workers),

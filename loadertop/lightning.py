@@ -12,7 +12,7 @@ from __future__ import annotations
 try:
     from lightning.pytorch import Callback
 except ImportError:  # the older package name
-    from pytorch_lightning import Callback
+    from pytorch_lightning import Callback  # type: ignore[assignment]
 
 from .gaps import FetchGaps
 from .hook import DIRECTORY

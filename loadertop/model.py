@@ -57,7 +57,7 @@ class ProcessSample:
     pss_bytes: int | None
     memory_sampled_at: float | None  # when uss/pss were read
     threads: int | None
-    busy_threads: int | None  # threads doing real work over the slow window (see probes.procs)
+    busy_threads: int | None  # threads doing real work over the slow window (see probes.processes)
     runqueue_wait_s_per_s: float | None  # seconds its threads sat runnable, per second
     ctx_switches_voluntary_per_s: float | None
     ctx_switches_involuntary_per_s: float | None
@@ -66,7 +66,7 @@ class ProcessSample:
     doing_at: float | None = None  # when that stack was read (epoch seconds)
     thread_pools: tuple[str, ...] = ()  # compute pools its libraries run (OpenMP, MKL, OpenBLAS, OpenCV)
     read_bytes_per_s: float | None = None  # everything it reads (files, sockets, pipes), slow cadence
-    found_by: str | None = None  # a worker: how it was recognised (name, hook, stack; probes.procs)
+    found_by: str | None = None  # a worker: how it was recognised (name, hook, stack; probes.discovery)
 
 
 # What a worker's stack shows when it has finished every batch asked of it: the loader is ahead.

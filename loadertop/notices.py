@@ -1,6 +1,14 @@
 """Every notice loadertop gives: a figure it could not measure or a thing it could not watch,
 and why. One id per condition, as rules/thresholds.py is for findings; a report's
-`notices[].id` are these (docs/PERMISSIONS.md says which permission each one needs)."""
+`notices[].id` are these (docs/PERMISSIONS.md says which permission each one needs).
+Below the ids: the notices that are built in more than one place, and the board that says
+each notice once."""
+
+from __future__ import annotations
+
+import signal as signals
+
+from .model import Notice
 
 # GPUs (NVML)
 NO_GPU = "no_gpu"  # no NVIDIA driver: GPU figures are off, and not worth a line on screen
@@ -30,3 +38,48 @@ NOT_PYTHON = "not_python"  # the PID given is not Python and starts none
 JOB_EXITED = "job_exited"
 TRAINER_EXITED = "trainer_exited"
 TRAINER_CRASHED = "trainer_crashed"
+
+
+class NoticeBoard:
+    """The notices of one tick, each said once."""
+
+    def __init__(self) -> None:
+        self.items: dict[tuple[str, int | None], Notice] = {}
+
+    def add(self, notice: Notice | None) -> None:
+        if notice is not None:
+            self.items.setdefault((notice.id, notice.trainer_pid), notice)
+
+    def all(self) -> list[Notice]:
+        return list(self.items.values())
+
+
+def job_status_notice(pid: int) -> Notice:
+    return Notice(JOB_EXITED, f"job {pid} has exited; showing its last data", None, pid)
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return ""
+    signal = code & 0x7F
+    if signal:
+        try:
+            name = signals.Signals(signal).name
+        except ValueError:
+            name = f"signal {signal}"
+        return f"killed by {name}"
+    return f"exit status {code >> 8}"
+
+
+def trainer_exit_notice(pid: int, code: int | None) -> Notice:
+    """How the trainer ended, as far as its exit status was caught: a crash is told apart."""
+    if code is None:
+        return Notice(TRAINER_EXITED, f"trainer {pid} has exited; showing its last data", None, pid)
+    if code == 0:
+        return Notice(TRAINER_EXITED, f"trainer {pid} has exited normally; showing its last data", None, pid)
+    fix = None
+    if code & 0x7F == signals.SIGKILL:
+        fix = "SIGKILL out of nowhere is usually the kernel's OOM killer: check `dmesg | grep -i oom`"
+    elif code & 0x7F == signals.SIGBUS:
+        fix = "a Bus error in a DataLoader job is usually a full /dev/shm: raise --shm-size"
+    return Notice(TRAINER_CRASHED, f"trainer {pid} died ({describe_exit(code)}); showing its last data", fix, pid)

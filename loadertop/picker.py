@@ -3,9 +3,10 @@ holding a GPU context. For `loadertop` with no PID."""
 
 from __future__ import annotations
 
-import pwd
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+import psutil
 
 from .probes import procfs
 from .probes.host import dataloader_owners
@@ -22,10 +23,9 @@ class Candidate:
 
 
 def _user(pid: int) -> str:
-    uid = procfs.owner_uid(pid)
     try:
-        return pwd.getpwuid(uid).pw_name if uid is not None else "?"
-    except KeyError:
+        return psutil.Process(pid).username()
+    except (psutil.Error, KeyError):  # gone, refused, or a uid with no name
         return "?"
 
 

@@ -148,8 +148,9 @@ class Recording:
     problem: str | None  # where and why reading stopped early, None for a complete file
 
 
-# Decompressed, a recording may hold this much (a day of 16 workers is ~300 MiB): a file
-# that inflates past it (a zlib bomb reaches 1000:1) is read up to it.
+# Decompressed, a recording may hold this much, far more than a day of 16 workers
+# (docs/BENCHMARKS.md §3c): a file that inflates past it (a zlib bomb reaches 1000:1) is read
+# up to it.
 MAX_DECOMPRESSED = 1 << 30
 CHUNK = 1 << 16
 

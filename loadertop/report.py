@@ -9,10 +9,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Iterable, Sequence
-from statistics import fmean
 
 from .files import write_atomic
 from .model import Finding, GpuSnapshot, Notice, ProcessSample, Snapshot, TrainerSnapshot
+from .notices import NoticeBoard
+from .numbers import mean_of
 from .rules import diagnose_with_plans
 from .rules.plan import Plan
 from .verdict import verdict
@@ -30,8 +31,8 @@ def iso(epoch: float | None) -> str | None:
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return round(fmean(present), 3) if present else None
+    mean = mean_of(values)
+    return None if mean is None else round(mean, 3)
 
 
 def _process(p: ProcessSample, window: Sequence[ProcessSample]) -> dict:
@@ -181,9 +182,9 @@ def build_report(
     if plans is None:
         plans = diagnose_with_plans(snapshots)[1]
     first, last = snapshots[0], snapshots[-1]
-    notices: dict[tuple[str, int | None], Notice] = {}
+    notices = NoticeBoard()
     for n in (*last.notices, *extra_notices):
-        notices.setdefault((n.id, n.trainer_pid), n)
+        notices.add(n)
     host = last.host
     return {
         "schema": SCHEMA,
@@ -203,7 +204,7 @@ def build_report(
         },
         "trainers": [_trainer(t, snapshots, plans.get((t.pid, t.started_at)), findings) for t in last.trainers],
         "findings": [finding_dict(f) for f in findings],
-        "notices": [notice_dict(n) for n in notices.values()],
+        "notices": [notice_dict(n) for n in notices.all()],
         "events": [
             {
                 "time": iso(e.time),

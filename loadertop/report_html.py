@@ -10,7 +10,7 @@ import math
 import re
 from collections.abc import Sequence
 
-from .fields import human_bytes
+from .fields import REPORT_COLUMNS, WORKER_FIELD, row
 from .model import Snapshot, TrainerSnapshot
 from .report_md import plan_line, processes
 from .report_md import render as render_md
@@ -38,7 +38,7 @@ def svg_chart(title: str, series: Series, unit: str, y_max: float | None = None,
     """A line chart with a time axis (seconds from the window's start: `span`, shared by a
     trainer's charts, or its own points'), gridlines and the unit on its value axis, and its
     legend in a row under it. A series of one point is a dot."""
-    points = [p for values in series.values() for p in values if p[1] is not None]
+    points = [(t, v) for values in series.values() for t, v in values if v is not None]
     if not points:
         return f'<p class="na">{e(title)}: n/a (not measured)</p>'
     left, right, top_pad, bottom = 52, 16, 26, 30
@@ -159,10 +159,8 @@ def render(report: dict, snapshots: Sequence[Snapshot]) -> str:
     rows = []
     for t in report["trainers"]:
         for label, w in processes(t):
-            cpu = "" if w["cpu_percent"] is None else round(w["cpu_percent"], 1)
-            rows.append(f"<tr><td>{e(t['pid'])}</td><td>{e(label)}</td><td>{e(w['pid'])}</td><td>{e(cpu)}</td>"
-                        f"<td>{e(human_bytes(w['uss_bytes']))}</td><td>{e(human_bytes(w['rss_bytes']))}</td>"
-                        f"<td>{e(w['status'])}</td><td>{e(w.get('doing'))}</td></tr>")
+            cells = "".join(f"<td>{e(c)}</td>" for c in row(label, w, keys=REPORT_COLUMNS))
+            rows.append(f"<tr><td>{e(t['pid'])}</td>{cells}</tr>")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>loadertop report: {e(verdict_of_report(report))}</title>
 <meta name="color-scheme" content="light dark">
@@ -190,8 +188,8 @@ svg .grid {{ stroke: var(--grid); }} svg .axis {{ stroke: var(--muted); }}
 <h2>Findings</h2><ul>{findings}</ul>
 {"".join(charts)}
 <h2>Processes</h2>
-<table><tr><th>trainer</th><th>process</th><th>pid</th><th>CPU %</th><th>USS</th><th>RSS</th><th>state</th>
-<th>doing</th></tr>{"".join(rows)}</table>
+<table><tr><th>TRAINER</th>{"".join(f"<th>{e(WORKER_FIELD[k].header)}</th>" for k in REPORT_COLUMNS)}</tr>
+{"".join(rows)}</table>
 <h2>Full report (Markdown)</h2><pre>{html.escape(render_md(report))}</pre>
 </body></html>
 """

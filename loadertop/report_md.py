@@ -3,12 +3,8 @@ so the two never disagree."""
 
 from __future__ import annotations
 
-from .fields import human_bytes
+from .fields import REPORT_COLUMNS, WORKER_FIELD, human_bytes, human_percent, row
 from .verdict import verdict_of_report
-
-
-def _pct(x) -> str:
-    return "n/a" if x is None else f"{x:.0%}"
 
 
 def _num(x, fmt="{:.0f}") -> str:
@@ -82,11 +78,12 @@ def render(report: dict) -> str:
         shm = t.get("shm") or {}
         lines.append("| figure | value |")
         lines.append("|---|---|")
-        lines.append(f"| data wait | {_pct(t['data_wait_fraction'])} "
+        lines.append(f"| data wait | {human_percent(t['data_wait_fraction'])} "
                      f"({_num(dw.get('samples'))} samples over {_num(dw.get('window_s'))} s) |")
         if dw:
-            lines.append(f"| of which blocked on workers / main-process work | "
-                         f"{_pct(dw.get('worker_wait_fraction'))} / {_pct(dw.get('main_process_fraction'))} |")
+            workers = human_percent(dw.get("worker_wait_fraction"))
+            main = human_percent(dw.get("main_process_fraction"))
+            lines.append(f"| of which blocked on workers / main-process work | {workers} / {main} |")
         lines.append(f"| usable CPUs | {_cpus(t)} |")
         lines.append(f"| workers | {len(t['workers'])}, respawns {t['worker_respawns']} |")
         lines.append(f"| pin-memory thread | {t['pin_memory_thread']} |")
@@ -99,17 +96,10 @@ def render(report: dict) -> str:
         if env:
             lines.append(f"| environment | {env} |")
         lines.append("")
-        lines.append("| worker | pid | CPU % | USS | RSS | threads | ctx sw/s | state | doing |")
-        lines.append("|---|---|---|---|---|---|---|---|---|")
+        lines.append("| " + " | ".join(WORKER_FIELD[k].header for k in REPORT_COLUMNS) + " |")
+        lines.append("|" + "---|" * len(REPORT_COLUMNS))
         for label, p in processes(t):
-            csw = None
-            if p["ctx_switches_voluntary_per_s"] is not None:
-                csw = p["ctx_switches_voluntary_per_s"] + (p["ctx_switches_involuntary_per_s"] or 0)
-            lines.append(
-                f"| {label} | {p['pid']} | {_num(p['cpu_percent'], '{:.1f}')} | {human_bytes(p['uss_bytes'])} "
-                f"| {human_bytes(p['rss_bytes'])} | {_num(p['threads'])} | {_num(csw)} | {p['status']} "
-                f"| {(p.get('doing') or '').replace('|', '/')} |"
-            )
+            lines.append("| " + " | ".join(c.replace("|", "/") for c in row(label, p, keys=REPORT_COLUMNS)) + " |")
         lines.append("")
     if report["notices"]:
         lines.append("## What could not be measured")

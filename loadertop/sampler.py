@@ -7,24 +7,28 @@ can stay a pure consumer of snapshots. `History` keeps a bounded run of recent s
 
 from __future__ import annotations
 
-import signal as signals
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from . import notices as N
 from .model import DataWait, Event, LoaderConfig, Notice, ProcessSample, Snapshot, TrainerSnapshot
+from .notices import NoticeBoard, describe_exit, job_status_notice, trainer_exit_notice
+from .numbers import int_or_none
 from .probes import procfs
 from .probes.cgroup import CpuLimit, cpu_limit, memory_headroom
+from .probes.discovery import Discovery, Key, Tree, key_of
+from .probes.exits import ExitWatch
 from .probes.gpu import GpuProbe
 from .probes.hooks import HookReader
 from .probes.host import HostProbe, cpu_set, usable_cpus
-from .probes.procs import Discovery, ExitWatch, Key, ProcessSampler, Tree, key_of
+from .probes.processes import ProcessSampler
+from .probes.pyspy import WorkerInfo
 from .probes.shm import read_shm
-from .probes.stacks import WorkerInfo
 from .redact import ENV_WHITELIST, redact_cmdline
+from .roster import WorkerRoster
 
 USABLE_CPUS_REFRESH_S = 30.0
 MEMORY_HEADROOM_REFRESH_S = 5.0
@@ -44,48 +48,6 @@ class StackSource(Protocol):
     def notices(self) -> tuple[Notice, ...]: ...
 
 
-class NoticeBoard:
-    """The notices of one tick, each said once."""
-
-    def __init__(self) -> None:
-        self.items: dict[tuple[str, int | None], Notice] = {}
-
-    def add(self, notice: Notice | None) -> None:
-        if notice is not None:
-            self.items.setdefault((notice.id, notice.trainer_pid), notice)
-
-
-def job_status_notice(pid: int) -> Notice:
-    return Notice(N.JOB_EXITED, f"job {pid} has exited; showing its last data", None, pid)
-
-
-def describe_exit(code: int | None) -> str:
-    if code is None:
-        return ""
-    signal = code & 0x7F
-    if signal:
-        try:
-            name = signals.Signals(signal).name
-        except ValueError:
-            name = f"signal {signal}"
-        return f"killed by {name}"
-    return f"exit status {code >> 8}"
-
-
-def trainer_exit_notice(pid: int, code: int | None) -> Notice:
-    """How the trainer ended, as far as its exit status was caught: a crash is told apart."""
-    if code is None:
-        return Notice(N.TRAINER_EXITED, f"trainer {pid} has exited; showing its last data", None, pid)
-    if code == 0:
-        return Notice(N.TRAINER_EXITED, f"trainer {pid} has exited normally; showing its last data", None, pid)
-    fix = None
-    if code & 0x7F == signals.SIGKILL:
-        fix = "SIGKILL out of nowhere is usually the kernel's OOM killer: check `dmesg | grep -i oom`"
-    elif code & 0x7F == signals.SIGBUS:
-        fix = "a Bus error in a DataLoader job is usually a full /dev/shm: raise --shm-size"
-    return Notice(N.TRAINER_CRASHED, f"trainer {pid} died ({describe_exit(code)}); showing its last data", fix, pid)
-
-
 @dataclass
 class _Trainer:
     key: Key
@@ -102,10 +64,7 @@ class _Trainer:
     throttled_fraction: float | None = None
     memory_headroom: int | None = None
     memory_at: float = float("-inf")
-    workers: dict[Key, ProcessSample] = field(default_factory=dict)
-    zombie_codes: dict[Key, int | None] = field(default_factory=dict)
-    any_worker_exited: bool = False
-    respawns: int = 0
+    roster: WorkerRoster = field(default_factory=WorkerRoster)
     pin_ticks: tuple[float, int] | None = None
     last: TrainerSnapshot | None = None
     last_workers: tuple[ProcessSample, ...] = ()  # the last non-empty set: kept after exit
@@ -142,7 +101,7 @@ class Sampler:
         self.exits = ExitWatch()
         self.hooks = HookReader()
         self.jobs: list[_Job] = []
-        self._candidates: dict[int, Key] = {}  # children a stack dump is to tell apart (probes.procs)
+        self._candidates: dict[int, Key] = {}  # children a stack dump is to tell apart (probes.discovery)
         for pid in pids:
             st = procfs.read_stat(pid)
             if st is None:
@@ -225,7 +184,7 @@ class Sampler:
             trainers=tuple(trainers),
             gpus=gpus,
             events=tuple(events),
-            notices=tuple(board.items.values()),
+            notices=tuple(board.all()),
             jobs=tuple(j.pid for j in self.jobs),
         )
 
@@ -253,7 +212,10 @@ class Sampler:
         if tree.root is None:
             job.exited = True
             board.add(job_status_notice(job.pid))
-        return tree, self._trainer_pids(job, tree, board)
+        confirmed = [state.key for state in job.trainers.values() if state.confirmed]
+        pids, notice = self.discovery.trainers(tree, confirmed)
+        board.add(notice)
+        return tree, pids
 
     def _tick_job(self, job, tree, current, now, board, events, live) -> list[TrainerSnapshot]:
         out = []
@@ -266,7 +228,7 @@ class Sampler:
                 self._describe(state, st)
                 job.trainers[key] = state
                 events.append(Event(now, "trainer_found", pid, pid, " ".join(state.cmdline)[:200]))
-            state.confirmed = state.confirmed or pid in tree.workers or self._is_rank(tree, pid)
+            state.confirmed = state.confirmed or pid in tree.workers or self.discovery.is_rank(tree, pid)
             out.append(self._sample_trainer(state, st, tree, now, board, events, live))
         # Trainers not seen this tick: exited (or, if provisional, simply replaced).
         for key, state in list(job.trainers.items()):
@@ -281,61 +243,11 @@ class Sampler:
                 how = describe_exit(code)
                 events.append(Event(now, "trainer_exited", state.pid, state.pid, how, code))
                 state.exit_notice = trainer_exit_notice(state.pid, code)
-                for wkey in state.workers:
-                    code = self.exits.exit_code(wkey)
-                    detail = describe_exit(code) if code else "with its trainer"
-                    events.append(Event(now, "worker_exited", state.pid, wkey[0], detail, code))
+                events += state.roster.end(now, state.pid, self.exits.exit_code)
             board.add(state.exit_notice)  # said while its last data is shown
             if state.last is not None:
                 out.append(self._exited_view(state.last, state.last_workers))
         return out
-
-    def _trainer_pids(self, job: _Job, tree: Tree, board: NoticeBoard) -> list[int]:
-        if tree.root is None:
-            return []
-        d = self.discovery
-        found = {pid for pid in tree.workers if not d.is_helper(tree.stats[pid])}
-        for state in job.trainers.values():
-            st = tree.stats.get(state.pid)
-            if state.confirmed and st is not None and key_of(st) == state.key and st.state != "Z":
-                found.add(state.pid)
-        for pid in tree.others:
-            if self._is_rank(tree, pid) and not d.is_helper(tree.stats[pid]):
-                found.add(pid)
-        found = {p for p in found if tree.stats[p].state != "Z"}
-        if found:
-            return sorted(found)
-        # No loader yet: watch the process that will build it.
-        root = tree.root
-        if d.is_launcher(root):
-            board.add(
-                Notice(
-                    N.NO_TRAINER,
-                    f"launcher {root.pid} has not started its ranks yet",
-                    None,
-                    root.pid,
-                )
-            )
-            return []
-        if d.is_python(root) or root.state == "Z":
-            return [root.pid] if root.state != "Z" else []
-        for pid in sorted(tree.others):
-            st = tree.stats[pid]
-            if pid != root.pid and d.is_python(st) and not d.is_helper(st) and st.state != "Z":
-                return [pid]
-        board.add(
-            Notice(
-                N.NOT_PYTHON,
-                f"process {root.pid} ({root.comm}) is not Python and starts no Python process",
-                "give loadertop the PID of the training script (python train.py) or its launcher",
-                root.pid,
-            )
-        )
-        return [root.pid]
-
-    def _is_rank(self, tree: Tree, pid: int) -> bool:
-        parent = tree.parent.get(pid)
-        return parent is not None and self.discovery.is_launcher(tree.stats[parent])
 
     def _describe(self, state: _Trainer, st: procfs.Stat) -> None:
         state.cmdline = redact_cmdline(self.discovery.cmdline(st) or [st.comm])
@@ -353,28 +265,11 @@ class Sampler:
         worker_stats = sorted(
             (tree.stats[w] for w in tree.workers.get(pid, ())), key=lambda s: (s.start_ticks, s.pid)
         )
-        workers: dict[Key, ProcessSample] = {}
-        for wst in worker_stats:
-            wkey = key_of(wst)
-            if wst.state == "Z":
-                state.zombie_codes.setdefault(wkey, wst.exit_code)
-                continue
-            live.add(wkey)
-            workers[wkey] = self.processes.sample(wst, now, found_by=tree.found_by.get(wst.pid))
-        for wkey in workers:
-            if wkey not in state.workers:
-                if state.any_worker_exited:
-                    state.respawns += 1
-                events.append(Event(now, "worker_started", pid, wkey[0]))
-        for wkey in state.workers:
-            if wkey not in workers:
-                state.any_worker_exited = True
-                code = state.zombie_codes.get(wkey)
-                if code is None:
-                    code = self.exits.exit_code(wkey)
-                events.append(Event(now, "worker_exited", pid, wkey[0], describe_exit(code), code))
-        state.zombie_codes = {k: v for k, v in state.zombie_codes.items() if k[0] in tree.stats}
-        state.workers = workers
+        workers = {key_of(w): self.processes.sample(w, now, found_by=tree.found_by.get(w.pid))
+                   for w in worker_stats if w.state != "Z"}
+        zombies = {key_of(w): w.exit_code for w in worker_stats if w.state == "Z"}
+        live.update(workers)
+        events += state.roster.update(now, pid, workers, zombies, self.exits.exit_code, tree.stats)
         pin, pin_cpu = self._pin_thread(state, tree.pin_threads.get(pid), now)
         shm, notice = read_shm(pid)
         board.add(notice)
@@ -406,9 +301,9 @@ class Sampler:
             pid=pid,
             started_at=st.started_at,
             job_pid=state.job_pid,
-            rank=_int(env.get("RANK")),
-            local_rank=_int(env.get("LOCAL_RANK")),
-            world_size=_int(env.get("WORLD_SIZE")),
+            rank=int_or_none(env.get("RANK")),
+            local_rank=int_or_none(env.get("LOCAL_RANK")),
+            world_size=int_or_none(env.get("WORLD_SIZE")),
             cmdline=state.cmdline,
             env=tuple(sorted(env.items())),
             status="running",
@@ -417,7 +312,7 @@ class Sampler:
             pin_memory_thread=pin,
             pin_memory_cpu_percent=pin_cpu,
             workers=tuple(workers.values()),
-            worker_respawns=state.respawns,
+            worker_respawns=state.roster.respawns,
             shm=shm,
             cpu_set=state.cpu_set,
             cpu_quota=state.cpu_limit.cpus if state.cpu_limit else None,
@@ -510,7 +405,8 @@ class Sampler:
         if dw is None:
             return t
         sampled = t.data_wait
-        if sampled is not None and sampled.fraction and sampled.main_process_fraction is not None:
+        if (dw.fraction is not None and sampled is not None and sampled.fraction
+                and sampled.main_process_fraction is not None):
             # py-spy still says where the wait goes (receiving vs waiting for a worker): its
             # split, scaled to the hook's exact total.
             main = dw.fraction * sampled.main_process_fraction / sampled.fraction
@@ -551,11 +447,28 @@ def main_doing(dw: DataWait | None) -> str | None:
     return f"{name} {share:.0%}"
 
 
-def _int(value: str | None) -> int | None:
-    try:
-        return int(value) if value is not None else None
-    except ValueError:
-        return None
+def run_ticks(sampler: Sampler, duration_s: float, on_snapshot: Callable[[Snapshot], object],
+              before_last: Callable[[], object] | None = None) -> None:
+    """Tick every interval until duration_s passed (inf: until interrupted) or every job
+    exited; never overlapping. The last tick completes the slow readings so that a report has
+    USS/PSS for everyone; before_last() runs just before it (the stack sampler's last window)."""
+    start = time.monotonic()
+    n = 0
+    while True:
+        last = (n + 1) * sampler.interval_s > duration_s + 1e-6
+        if n:
+            time.sleep(max(0.0, start + n * sampler.interval_s - time.monotonic()))
+        if last and before_last is not None:
+            before_last()
+        on_snapshot(sampler.tick(complete=last))
+        n += 1
+        if last:
+            return
+        if all(j.exited for j in sampler.jobs):
+            if before_last is not None:
+                before_last()
+                on_snapshot(sampler.tick(complete=True))
+            return
 
 
 class History:

@@ -3,19 +3,20 @@ its findings and data wait: the root cause first. Shared by the TUI header and t
 
 from __future__ import annotations
 
+from . import rules as R
 from .model import Finding, TrainerSnapshot
 from .rules import thresholds as T
 
 # (finding ids, verdict word, colour), root causes first: a hang, a death, a full /dev/shm,
 # what takes the CPUs, then what the loader costs.
 ORDER = (
-    (("loader_stalled",), "STALLED", "red"),
-    (("worker_died",), "WORKER DIED", "red"),
-    (("shm_pressure",), "SHM FULL", "red"),
-    (("cpu_oversubscribed", "worker_threads", "too_many_workers"), "OVERSUBSCRIBED", "yellow"),
-    (("input_bound", "main_process_bound"), "INPUT-BOUND", "red"),
-    (("worker_memory_growth",), "MEMORY GROWING", "yellow"),
-    (("worker_respawn", "pin_memory_off"), "TUNE", "yellow"),
+    ((R.loader_stalled.ID,), "STALLED", "red"),
+    ((R.worker_died.ID,), "WORKER DIED", "red"),
+    ((R.shm_pressure.ID,), "SHM FULL", "red"),
+    ((R.cpu_oversubscribed.ID, R.worker_threads.ID, R.too_many_workers.ID), "OVERSUBSCRIBED", "yellow"),
+    ((R.input_bound.ID, R.main_process_bound.ID), "INPUT-BOUND", "red"),
+    ((R.worker_memory_growth.ID,), "MEMORY GROWING", "yellow"),
+    ((R.worker_respawn.ID, R.pin_memory_off.ID), "TUNE", "yellow"),
 )
 # cpu_oversubscribed names what takes the CPUs.
 CPU_CAUSES = {"quota": "THROTTLED", "busy_host": "BUSY HOST"}
@@ -25,7 +26,7 @@ def _word(ids: set[str], findings: list[Finding], wait: float | None) -> tuple[s
     for rule_ids, word, colour in ORDER:
         if ids & set(rule_ids):
             if word == "OVERSUBSCRIBED":
-                causes = {f.evidence.get("cause") for f in findings if f.id == "cpu_oversubscribed"}
+                causes = {f.evidence.get("cause") for f in findings if f.id == R.cpu_oversubscribed.ID}
                 word = next((CPU_CAUSES[c] for c in causes if c in CPU_CAUSES), word)
             if word == "INPUT-BOUND" and wait is not None:
                 word = f"INPUT-BOUND {wait:.0%}"

@@ -245,7 +245,7 @@ def test_memory_readings_are_shared_fairly_between_jobs(job):
     """One slow-cadence budget for every watched job, stalest first: with a budget far below
     what one job's smaps cost, the second and third jobs still get USS/PSS (they used to wait
     forever behind the first)."""
-    from loadertop.probes.procs import ProcessSampler
+    from loadertop.probes.processes import ProcessSampler
 
     jobs = [job("--workers", "2", "--persistent", "--sleep-ms", "500") for _ in range(3)]
     for j in jobs:

@@ -14,8 +14,9 @@ from jobs import loadertop
 from test_isolation import SYSTEM_PYTHON, _nobody_can_run_system_python, world_readable_loadertop  # noqa: F401
 from test_snapshot_cli import SCHEMA, only_trainer
 
-from loadertop.probes import stacks
-from loadertop.probes.stacks import MAIN, WAIT, classify_main, error_notice, parse_dump, parse_raw
+from loadertop.probes import pyspy, stacks
+from loadertop.probes.pyspy import MAIN, WAIT, classify_main, parse_dump, parse_raw
+from loadertop.probes.stacks import error_notice
 
 DATA = Path(__file__).parent / "data"
 # The PIDs the captured outputs were taken from: trainer with 2 workers, trainer with
@@ -107,10 +108,10 @@ def test_worker_doing_names_the_dataset_and_the_innermost_user_frame():
         _frame("_MapDatasetFetcher.fetch", f"{lib}/fetch.py"),
         _frame("_worker_loop", f"{lib}/worker.py"),
     ]
-    assert stacks.worker_doing(frames) == "Faces.__getitem__ > load_image (aug.py:51)"
-    assert stacks.worker_doing(frames[2:]) == "Faces.__getitem__ (data.py:42)"
+    assert pyspy.worker_doing(frames) == "Faces.__getitem__ > load_image (aug.py:51)"
+    assert pyspy.worker_doing(frames[2:]) == "Faces.__getitem__ (data.py:42)"
     collating = [_frame("default_collate", f"{lib}/collate.py"), *frames[3:]]
-    assert stacks.worker_doing(collating) == "collating"
+    assert pyspy.worker_doing(collating) == "collating"
 
 
 def test_permission_error_says_how_to_fix():
@@ -333,4 +334,4 @@ def test_a_stateful_loader_in_the_main_process_is_loading_not_waiting():
               "_BaseDataLoaderIter.__next__ (torch/utils/data/dataloader.py:741)",
               "_StatefulSingleProcessDataLoaderIter._next_data (torchdata/stateful_dataloader/stateful_dataloader.py:490)",
               "Slow.__getitem__ (train.py:30)"]
-    assert stacks.classify_main(frames) == stacks.MAIN
+    assert pyspy.classify_main(frames) == pyspy.MAIN

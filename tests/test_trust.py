@@ -280,11 +280,11 @@ def _connects(port: int) -> bool:
 
 
 async def test_the_picker_shows_a_command_line_with_markup_as_it_is(monkeypatch):
-    from loadertop.discover import Candidate
+    from loadertop.picker import Candidate
     from loadertop.tui import app as tui_app
-    from loadertop.tui.screens import discover
+    from loadertop.tui.screens import picker
 
-    monkeypatch.setattr(discover, "find_trainers",
+    monkeypatch.setattr(picker, "find_trainers",
                         lambda gpu: [Candidate(4242, 2, False, "me", "python train.py --tag [/x] [b]bold")])
     app = tui_app.LoadertopApp(None)
     async with app.run_test(size=(120, 30)) as pilot:

@@ -1,4 +1,4 @@
-"""`loadertop` with no PID: the discovery screen lists real training processes; Enter attaches."""
+"""`loadertop` with no PID: the picker lists real training processes; Enter attaches."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from loadertop.tui.app import LoadertopApp
 from loadertop.tui.widgets.panels import HeaderPanel
 
 
-async def test_discovery_lists_the_job_and_enter_attaches(job):
+async def test_the_picker_lists_the_job_and_enter_attaches(job):
     j = job("--workers", "2", "--persistent", "--item-ms", "5")
     j.wait_ready()
     j.wait_workers(2)

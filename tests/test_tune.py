@@ -85,7 +85,7 @@ def test_outputs_render_the_table_the_line_and_a_well_formed_chart():
     import xml.etree.ElementTree as ET
 
     from loadertop.tune import output
-    from loadertop.tune.runner import Machine, TuneResult, TuneSpec
+    from loadertop.tune.result import Machine, TuneResult, TuneSpec
 
     summaries = [_summary(Config(0, None, False), 50), _summary(Config(2, 2, False), 100),
                  _summary(Config(2, 4, False), 101), _summary(Config(4, 2, False), 120)]

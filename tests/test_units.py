@@ -2,8 +2,9 @@
 
 import pytest
 
+from loadertop.notices import describe_exit
 from loadertop.probes import procfs
-from loadertop.sampler import History, describe_exit
+from loadertop.sampler import History
 
 
 def test_parse_stat_with_hostile_comm():
@@ -84,7 +85,7 @@ def test_a_sampled_process_is_the_same_frozen_sample_as_one_built_by_its_constru
 
     from loadertop.model import ProcessSample
     from loadertop.probes import procfs
-    from loadertop.probes.procs import ProcessSampler
+    from loadertop.probes.processes import ProcessSampler
 
     sampler = ProcessSampler()
     st = procfs.read_stat(os.getpid())
@@ -103,7 +104,7 @@ def test_busy_threads_come_from_a_second_reading_of_the_threads_alone():
     import subprocess
     import time
 
-    from loadertop.probes.procs import ProcessSampler
+    from loadertop.probes.processes import ProcessSampler
 
     busy = subprocess.Popen(["python3", "-c", "while True: pass"])
     sampler = ProcessSampler(slow_interval_s=60.0, slow_budget_s=1.0)
@@ -180,3 +181,13 @@ def test_the_html_report_draws_one_series_per_worker_and_a_single_point_as_a_dot
     one = render(build_report(snaps[-1:]), snaps[-1:])
     wait_chart = one[one.index("Data wait"):one.index("GPU utilization")]
     assert "<circle" in wait_chart and "<polyline" not in wait_chart
+
+
+@pytest.mark.unit
+def test_every_rule_has_a_verdict_word():
+    # A new rule that the verdict forgets would leave its trainer HEALTHY on the header.
+    from loadertop.rules import RULES
+    from loadertop.verdict import ORDER
+
+    ids = [i for rule_ids, _, _ in ORDER for i in rule_ids]
+    assert sorted(ids) == sorted(RULES)

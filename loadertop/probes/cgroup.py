@@ -96,11 +96,11 @@ def cpu_limit(pid: int | str) -> CpuLimit | None:
                             continue
     if "cpu" in groups:
         for folder in _walk_up(os.path.join(ROOT, "cpu"), groups["cpu"]):
-            quota = _first_line(os.path.join(folder, "cpu.cfs_quota_us"))
-            period = _first_line(os.path.join(folder, "cpu.cfs_period_us"))
+            quota_us = _first_line(os.path.join(folder, "cpu.cfs_quota_us"))
+            period_us = _first_line(os.path.join(folder, "cpu.cfs_period_us"))
             try:
-                if quota and period and int(quota) > 0:
-                    found.append(CpuLimit(int(quota) / int(period), folder))
+                if quota_us and period_us and int(quota_us) > 0:
+                    found.append(CpuLimit(int(quota_us) / int(period_us), folder))
             except (ValueError, ZeroDivisionError):
                 continue
     return min(found, key=lambda limit: limit.cpus) if found else None

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from ..model import HostLoader, HostSnapshot
 from . import procfs
 from .cgroup import cpu_limit
+from .discovery import WORKER_COMM, is_fork_server, runs_python
 
 
 def usable_cpus(pid: int | str = 0) -> int | None:
@@ -45,7 +46,7 @@ class _Owner:
 
 def _owners() -> dict[int, _Owner]:
     """Trainer pid -> its live DataLoader workers and their CPU ticks, for every loader on the
-    machine (a scan by worker comm, ~2 ms for 300 processes). A worker's trainer is its
+    machine (a scan by worker comm: one stat read a process). A worker's trainer is its
     parent, or the fork server's parent with the forkserver start method."""
     owners: dict[int, _Owner] = {}
     python: dict[int, bool] = {}
@@ -53,14 +54,14 @@ def _owners() -> dict[int, _Owner]:
         if not name.isdigit():
             continue
         st = procfs.read_stat(int(name))
-        if st is None or st.comm != "pt_data_worker" or st.state == "Z":
+        if st is None or st.comm != WORKER_COMM or st.state == "Z":
             continue
         owner = st.ppid
         try:
             args = procfs.cmdline(owner) or []
         except PermissionError:
             args = []
-        if any("multiprocessing.forkserver" in a for a in args):
+        if is_fork_server(args):
             parent = procfs.read_stat(owner)
             owner = parent.ppid if parent else owner
         if owner not in python:
@@ -79,13 +80,11 @@ def _is_python(pid: int) -> bool:
     st = procfs.read_stat(pid)
     if st is None:
         return False
-    if st.comm.startswith("python"):
-        return True
     try:
-        args = procfs.cmdline(pid) or []
+        args = [] if st.comm.startswith("python") else procfs.cmdline(pid) or []
     except PermissionError:
         return False
-    return bool(args) and os.path.basename(args[0]).startswith("python")
+    return runs_python(st, args)
 
 
 def dataloader_owners() -> dict[int, int]:

@@ -1,8 +1,9 @@
 """Raw readers of /proc: one small function per file, no policy.
 
 Every reader returns None when the process is gone and raises PermissionError when the
-kernel refuses; callers decide what that means. Reads are plain file reads (no psutil)
-because the per-tick cost must stay near the floor of reading stat + status.
+kernel refuses; callers decide what that means. Per-tick reads are plain file reads, not
+psutil, because the tick's cost must stay near the floor of reading stat + status
+(docs/BENCHMARKS.md §1); what is read once (the boot time) comes from psutil.
 """
 
 from __future__ import annotations
@@ -12,20 +13,14 @@ import resource
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import psutil
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 PROC = "/proc"
 
 
-def _boot_time() -> float:
-    with open(f"{PROC}/stat") as f:
-        for line in f:
-            if line.startswith("btime "):
-                return float(line.split()[1])
-    return 0.0
-
-
-BOOT_TIME = _boot_time()
+BOOT_TIME = psutil.boot_time()
 
 
 class Stat(NamedTuple):
@@ -160,7 +155,8 @@ def parse_stat(raw: bytes) -> Stat:
     lpar = raw.index(b"(")
     rpar = raw.rindex(b")")
     # f[0] is field 3 (state); field n is f[n - 3]. Only a zombie's exit code (field 52) is
-    # read past rss (field 24): splitting the ~28 fields after it costs a tick 2 µs a process.
+    # read past rss (field 24): splitting the fields after it would cost every process, every
+    # tick (docs/BENCHMARKS.md §1).
     state = raw[rpar + 2 : rpar + 3].decode()
     f = raw[rpar + 2 :].split(None, 22 if state != "Z" else -1)
     return Stat(
@@ -263,8 +259,8 @@ def hidden(pid: int) -> bool:
 
 
 def children(pid: int, tids: list[int] | None = None) -> list[int]:
-    """Direct children of pid, from every thread's children file (~10 µs); none where /proc
-    refuses them to us."""
+    """Direct children of pid, from every thread's children file; none where /proc refuses
+    them to us."""
     out: list[int] = []
     for tid in tids if tids is not None else task_ids(pid):
         try:
@@ -442,8 +438,8 @@ def read_meminfo(files: ProcFiles | None = None) -> dict[str, int]:
     for key in (b"MemTotal", b"MemAvailable"):
         value = _field(raw, key)
         try:
-            out[key.decode()] = int(value.split()[0]) * 1024
-        except (AttributeError, IndexError, ValueError):
+            out[key.decode()] = int((value or b"").split()[0]) * 1024
+        except (IndexError, ValueError):
             pass  # unreadable: left out, shown as n/a
     return out
 
@@ -496,4 +492,6 @@ def same_mount_as_ours(pid: int, mount_point: str) -> bool:
     reaches its files, even when its /proc/<pid>/root is closed to us."""
     theirs = mountinfo_line(pid, mount_point)
     ours = mountinfo_line("self", mount_point)
-    return bool(theirs and ours) and theirs.split()[0] == ours.split()[0]
+    if not theirs or not ours:
+        return False
+    return theirs.split()[0] == ours.split()[0]

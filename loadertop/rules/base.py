@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
-from statistics import fmean
 
 from ..model import Finding, Snapshot, TrainerSnapshot
+from ..numbers import mean_of
 from . import thresholds as T
 from .measure import Measured, hang_signature, measure
 from .plan import Plan, make_plan
@@ -30,11 +30,6 @@ class Check:
 
 UNKNOWN = Check(None)
 FINE = Check(0)
-
-
-def _mean(values) -> float | None:
-    present = [v for v in values if v is not None]
-    return fmean(present) if present else None
 
 
 def pct(x: float | None) -> str:
@@ -75,7 +70,7 @@ class Context:
         if not self.trainer.gpus:
             return None
         cutoff = self.snap.monotonic - self.window_s
-        return _mean(
+        return mean_of(
             g.utilization_percent
             for s in self.recent
             if s.monotonic >= cutoff

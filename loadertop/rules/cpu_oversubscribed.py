@@ -12,8 +12,9 @@ ID = "cpu_oversubscribed"
 
 def check(ctx: Context) -> Check:
     t = ctx.trainer
-    waits = [p.runqueue_wait_s_per_s for p in (t.main, *t.workers)]
-    if any(w is None for w in waits):
+    read = [p.runqueue_wait_s_per_s for p in (t.main, *t.workers)]
+    waits = [w for w in read if w is not None]
+    if len(waits) < len(read):
         return UNKNOWN
     m, plan = ctx.measured, ctx.plan
     budget = m.budget

@@ -71,6 +71,8 @@ def _why(ctx: Context) -> str:
     """What the workers do, in the user's words, from the plan's cause."""
     m, plan = ctx.measured, ctx.plan
     lw = m.loader
+    if lw is None:
+        return ""
     cpu = f"{100 * lw.cpu:.0f}%" if lw.cpu is not None else "n/a"
     doing = f" in {lw.doing}" if lw.doing else ""
     if plan.cause == P.LOADER_CPU:

@@ -13,7 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import fmean, median
 
+from ..fields import context_switches
 from ..model import WAITING_FOR_INDICES, LoaderConfig, ProcessSample, Snapshot, TrainerSnapshot
+from ..numbers import mean_of
 from . import thresholds as T
 
 
@@ -96,11 +98,6 @@ class Measured:
         return self.main_cpu + self.main_runqueue
 
 
-def _mean(values) -> float | None:
-    present = [v for v in values if v is not None]
-    return fmean(present) if present else None
-
-
 # --- loaders --------------------------------------------------------------------------------
 
 
@@ -129,9 +126,9 @@ def _loader_window(config: LoaderConfig | None, members: tuple[ProcessSample, ..
                    window: Sequence[TrainerSnapshot], now: float) -> LoaderWindow:
     pids = {w.pid for w in members}
     samples = [w for t in window for w in t.workers if w.pid in pids]
-    cpu = _mean(w.cpu_percent / 100.0 if w.cpu_percent is not None else None for w in samples)
-    runqueue = _mean(w.runqueue_wait_s_per_s for w in samples)
-    busy = _mean(w.busy_threads for w in samples)
+    cpu = mean_of(w.cpu_percent / 100.0 if w.cpu_percent is not None else None for w in samples)
+    runqueue = mean_of(w.runqueue_wait_s_per_s for w in samples)
+    busy = mean_of(w.busy_threads for w in samples)
     blocked = sum(1 for w in samples if w.status == "disk-sleep") / max(1, len(samples))
     # Stacks read recently, one reading per dump (a dump stays on the samples until the next).
     readings: dict[int, dict[float, str]] = {}
@@ -160,8 +157,8 @@ def _loader_window(config: LoaderConfig | None, members: tuple[ProcessSample, ..
         busy_threads=busy,
         blocked=blocked,
         stopped=all(w.status == "stopped" for w in members),
-        uss_bytes=_mean(w.uss_bytes for w in members),
-        read_bytes_per_s=_mean(w.read_bytes_per_s for w in samples),
+        uss_bytes=mean_of(w.uss_bytes for w in members),
+        read_bytes_per_s=mean_of(w.read_bytes_per_s for w in samples),
         ahead=ahead,
         thread_pools=tuple(pools),
         doing=frames.most_common(1)[0][0] if frames else None,
@@ -196,9 +193,9 @@ def cpu_budget(snap: Snapshot, trainer: TrainerSnapshot, window: Sequence[Traine
     overlapping = {pid: v for pid, v in others.items() if not cpu_set or not v[0] or set(v[0]) & set(cpu_set)}
     # Their use on our CPUs (a trainer's use spread evenly over its own CPUs).
     others_use = sum((use or 0.0) * _shared_part(cpu_set, their_set) for their_set, use in overlapping.values())
-    busy = _mean(t.cpus_busy for t in window)
+    busy = mean_of(t.cpus_busy for t in window)
     others_busy = max(0.0, busy - (used or 0.0) - others_use) if busy is not None else 0.0
-    throttled = _mean(t.throttled_fraction for t in window)
+    throttled = mean_of(t.throttled_fraction for t in window)
     room = size - others_busy
     available = min(quota, room) if quota is not None else room
     # A fair share of what is left: each CPU split between the trainers that may run on it.
@@ -260,7 +257,7 @@ def measure(snap: Snapshot, trainer: TrainerSnapshot, window: Sequence[TrainerSn
         steps_per_s=dw.steps_per_s if dw else None,
         iterable=(dw.iterable if dw else None) or (active.iterable if active else None),
         main_cpu=median(main_cpu) if main_cpu else None,
-        main_runqueue=_mean(t.main.runqueue_wait_s_per_s for t in window) or 0.0,
+        main_runqueue=mean_of(t.main.runqueue_wait_s_per_s for t in window) or 0.0,
         main_busy_threads=trainer.main.busy_threads or 1.0,
         loader=active,
         other_loaders=tuple(loaders[1:]),
@@ -287,8 +284,7 @@ def hang_signature(trainer: TrainerSnapshot, stall: Sequence[TrainerSnapshot], s
     pids = {w.pid for w in workers}
     samples = [w for t in stall for w in t.workers if w.pid in pids]
     cpus = [w.cpu_percent for w in samples if w.cpu_percent is not None]
-    switches = [(w.ctx_switches_voluntary_per_s or 0.0) + (w.ctx_switches_involuntary_per_s or 0.0)
-                for w in samples if w.ctx_switches_voluntary_per_s is not None]
+    switches = [r for r in map(context_switches, samples) if r is not None]
     if cpus and max(cpus) < T.IDLE_WORKER_CPU and (not switches or max(switches) < T.IDLE_WORKER_SWITCHES):
         return "idle"
     frames: dict[int, dict[float, str]] = {}

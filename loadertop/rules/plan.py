@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import thresholds as T
 from .measure import Measured
@@ -323,7 +324,7 @@ def make_plan(m: Measured, hung: bool = False) -> Plan:
                 "trainer_cpus_used": None if budget.used is None else round(budget.used, 2),
                 "throttled_fraction": budget.throttled}
     thread_change = _env_limit(m) if cause == THREADS else None
-    base = dict(cause=cause, loader=lw.dataset_class if lw else None, now=now, wait_now=m.wait,
+    base: dict[str, Any] = dict(cause=cause, loader=lw.dataset_class if lw else None, now=now, wait_now=m.wait,
                 thread_change=thread_change, evidence=evidence, iterable=m.iterable, cpus_text=cpus_text)
     if cause in (STALLED, UNKNOWN) or t is None:
         pressure = bool(m.shm_total and m.shm_peak and m.shm_peak >= T.SHM_WARNING * m.shm_total)
@@ -371,10 +372,10 @@ def make_plan(m: Measured, hung: bool = False) -> Plan:
     bigger = None
     if budget.limit in ("quota", "busy_host") and cause in (QUOTA, BUSY_HOST, *INPUT_BOUND):
         more = max(budget.cpus * 2, budget.cpus + 1)
-        gain = predict(t, chosen.setting, cpus=more).gain_over(current)
-        if gain >= T.MIN_GAIN:
-            bigger = (more, gain)
-    gain = chosen.gain_over(current)
+        more_gain = predict(t, chosen.setting, cpus=more).gain_over(current)
+        if more_gain >= T.MIN_GAIN:
+            bigger = (more, more_gain)
+    gain: float | None = chosen.gain_over(current)
     wait_after = max(0.0, 1.0 - (1.0 - (m.wait or 0.0)) * chosen.relative(current)) if m.wait is not None else None
     if chosen.setting == now and not thread_change:
         gain = None if cause in INPUT_BOUND or cause == MAIN_LOADING else 0.0

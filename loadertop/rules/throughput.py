@@ -170,7 +170,7 @@ def predict(t: Terms, s: Setting, cpus: float | None = None) -> Prediction:
     # one, and fewer workers that still fill them lose nothing.
     rate = min(softmin(workers, main), cpu) if t.contended else softmin(workers, cpu, main)
     bounds = {"workers": workers, "cpus": cpu, "main_process": main}
-    return Prediction(s, rate, min(bounds, key=bounds.get), min(cpu, main))
+    return Prediction(s, rate, min(bounds, key=lambda k: bounds[k]), min(cpu, main))
 
 
 def _main_among_workers(t: Terms, s: Setting, serial: float, main_cpu: float, cpu_per_batch: float,

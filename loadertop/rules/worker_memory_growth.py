@@ -57,7 +57,7 @@ def check(ctx: Context) -> Check:
         return FINE
     if not all(_keeps_pace(points) for points in series):
         return FINE  # slowing down: warm-up (caches, allocator arenas) settling
-    rss = [(when, fmean(w.rss_bytes for w in t.workers)) for when, t in history
+    rss = [(when, fmean(w.rss_bytes or 0 for w in t.workers)) for when, t in history
            if t.workers and all(w.rss_bytes is not None for w in t.workers)]
     rss_slope = _fit(rss)[0] if len(rss) >= 2 else 0.0
     if rss_slope > 0.5 * slope:

@@ -7,14 +7,16 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
+from typing import ClassVar
 
 from textual import work
 from textual.app import App, ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.widgets import Footer
 
 from ..model import Finding, Snapshot
+from .source import LiveSource, ScriptedSource, Source
 from .widgets.panels import EventsPanel, FindingsPanel, HeaderPanel, HistoryPanel, OverviewPanel
 from .widgets.workers import WorkersTable
 
@@ -33,7 +35,7 @@ class SourceEnded(Message):
 class LoadertopApp(App):
     CSS_PATH = "loadertop.tcss"
     TITLE = "loadertop"
-    BINDINGS = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("q", "quit", "quit"),
         Binding("question_mark", "help", "help"),
         Binding("p", "pause", "pause"),
@@ -48,9 +50,10 @@ class LoadertopApp(App):
         Binding("full_stop", "step", "step", show=False),
         Binding("left_square_bracket", "speed(0.5)", "slower replay", show=False),
         Binding("right_square_bracket", "speed(2)", "faster replay", show=False),
-    ] + [Binding(str(i), f"select({i - 1})", show=False) for i in range(1, 10)]
+        *(Binding(str(i), f"select({i - 1})", show=False) for i in range(1, 10)),
+    ]
 
-    def __init__(self, source=None, save_dir: str | Path = ".", on_exit=None, gpu=None) -> None:
+    def __init__(self, source: Source | None = None, save_dir: str | Path = ".", on_exit=None, gpu=None) -> None:
         super().__init__()
         self.source = source
         self.save_dir = Path(save_dir)
@@ -80,15 +83,13 @@ class LoadertopApp(App):
     def on_mount(self) -> None:
         self._fit_to_size()
         if self.source is None:
-            from .screens.discover import DiscoverScreen
+            from .screens.picker import PickerScreen
 
-            self.push_screen(DiscoverScreen())
+            self.push_screen(PickerScreen())
         else:
             self.sample()
 
     def attach(self, pids: list[int]) -> None:
-        from .source import LiveSource
-
         self.source = LiveSource(pids)
         self.pop_screen()
         self.sample()
@@ -104,14 +105,17 @@ class LoadertopApp(App):
 
     @work(thread=True, exclusive=True, group="sampler")
     def sample(self) -> None:
-        lockstep = getattr(self.source, "lockstep", False)
+        source = self.source
+        if source is None:
+            return
+        lockstep = source.lockstep
         while not self._stop.is_set():
             started = time.monotonic()
             # A recording shows every snapshot: wait for the UI instead of dropping one.
             while lockstep and self._tick_pending and not self._stop.is_set():
                 self._stop.wait(0.005)
             if not self.paused:
-                result = self.source.next()
+                result = source.next()
                 if result is None:
                     self.post_message(SourceEnded())
                     return
@@ -120,7 +124,7 @@ class LoadertopApp(App):
                     pending, self._tick_pending = self._tick_pending, True
                 if not pending:  # the UI has not taken the previous one: it will take this one
                     self.post_message(Tick())
-            self._stop.wait(max(0.0, self.source.interval_s - (time.monotonic() - started)))
+            self._stop.wait(max(0.0, source.interval_s - (time.monotonic() - started)))
 
     def on_tick(self, _: Tick) -> None:
         with self._latest_lock:
@@ -152,7 +156,7 @@ class LoadertopApp(App):
         self.selected = min(self.selected, max(0, len(trainers) - 1))
         trainer = trainers[self.selected] if trainers else None
         self.query_one(HeaderPanel).render_for(snap, trainer, self.findings, self.paused,
-                                               getattr(self.source, "live", True), self.selected, len(trainers))
+                                               self.source is None or self.source.live, self.selected, len(trainers))
         self.query_one(HistoryPanel).render_for(snap, trainer)
         self.query_one(OverviewPanel).render_for(snap, self.findings, self.selected)
         self.query_one(WorkersTable).show(trainer, snap.time)
@@ -211,30 +215,32 @@ class LoadertopApp(App):
 
     # --- replay ----------------------------------------------------------------------
 
-    def _replaying(self) -> bool:
-        return hasattr(self.source, "seek")
+    def _replay(self) -> ScriptedSource | None:
+        """The recording being replayed; None when watching live."""
+        return self.source if isinstance(self.source, ScriptedSource) else None
 
     def action_seek(self, seconds: float) -> None:
-        if not self._replaying() or not self.snapshot:
+        replay = self._replay()
+        if replay is None or not self.snapshot:
             return
         interval = self.snapshot.interval_s or 1.0
-        prefix, findings = self.source.seek(self.source.position + round(seconds / interval))
-        self._show_prefix(prefix, findings)
+        self._show_prefix(replay, *replay.seek(replay.position + round(seconds / interval)))
 
     def action_step(self) -> None:
         """One snapshot forward; pauses the replay."""
-        if not self._replaying():
+        replay = self._replay()
+        if replay is None:
             return
         self.paused = True
-        prefix, findings = self.source.seek(self.source.position + 1)
-        self._show_prefix(prefix, findings)
+        self._show_prefix(replay, *replay.seek(replay.position + 1))
 
     def action_speed(self, factor: float) -> None:
-        if self._replaying():
-            self.source.interval_s = max(0.01, self.source.interval_s / factor)
-            self.notify(f"replay at one snapshot every {self.source.interval_s:.2g} s")
+        replay = self._replay()
+        if replay is not None:
+            replay.interval_s = max(0.01, replay.interval_s / factor)
+            self.notify(f"replay at one snapshot every {replay.interval_s:.2g} s")
 
-    def _show_prefix(self, prefix: list[Snapshot], findings: list[Finding]) -> None:
+    def _show_prefix(self, replay: ScriptedSource, prefix: list[Snapshot], findings: list[Finding]) -> None:
         self.history.clear()
         history = self.query_one(HistoryPanel)
         events = self.query_one(EventsPanel)
@@ -245,9 +251,9 @@ class LoadertopApp(App):
             history.record(snap)
             events.record(snap)
         self.snapshot, self.findings = prefix[-1], findings
-        self.ended = self.source.position >= len(self.source.snapshots)
+        self.ended = replay.position >= len(replay.snapshots)
         self.refresh_view()
-        self.notify(f"snapshot {self.source.position}/{len(self.source.snapshots)}", timeout=2)
+        self.notify(f"snapshot {replay.position}/{len(replay.snapshots)}", timeout=2)
 
     def action_save(self) -> None:
         path = self.save_report()
@@ -263,7 +269,8 @@ class LoadertopApp(App):
             self.notify("nothing sampled yet", severity="warning")
             return None
         snaps = list(self.history)[-300:]
-        data = report.build_report(snaps, self.findings, plans=self.source.diagnoser.plans)
+        plans = self.source.diagnoser.plans if self.source is not None else None
+        data = report.build_report(snaps, self.findings, plans=plans)
         pid = snaps[-1].jobs[0] if snaps[-1].jobs else "host"
         stem = self.save_dir / f"loadertop-{pid}-{time.strftime('%Y%m%d-%H%M%S')}"
         try:

@@ -5,18 +5,35 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
+from typing import Protocol
 
 from ..model import Finding, Snapshot
 from ..rules import Diagnoser
+
+
+class Source(Protocol):
+    """What the app reads snapshots from."""
+
+    live: bool  # real jobs now (the header says LIVE), not a replay
+    lockstep: bool  # every snapshot must reach the screen: wait for the UI, never drop one
+    interval_s: float  # seconds between two `next()` calls; the app may change it
+    diagnoser: Diagnoser  # the findings' plans, for a saved report
+
+    def next(self) -> tuple[Snapshot, list[Finding]] | None:
+        """The next snapshot and the findings then; None when the stream has ended."""
+        ...
+
+    def close(self) -> None: ...
 
 
 class LiveSource:
     """Samples real jobs. `next()` runs one tick: call it from a worker thread only."""
 
     live = True
+    lockstep = False  # a slow screen skips snapshots rather than falling behind the jobs
 
     def __init__(self, pids: list[int], interval_s: float = 1.0, stacks: bool = True) -> None:
-        from ..probes.procs import ProcessSampler
+        from ..probes.processes import ProcessSampler
         from ..probes.stacks import LIVE, StackSampler
         from ..sampler import Sampler
 

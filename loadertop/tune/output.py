@@ -8,16 +8,13 @@ import html
 import json
 from datetime import datetime, timezone
 
-from ..fields import human_bytes
-from .plan import Summary
-from .runner import TuneResult
+from ..fields import human_bytes, human_percent
+from ..rules.thresholds import WORKER_BUSY_THREADS
+from .plan import Summary, rate_of
+from .result import TuneResult
 
 SCHEMA = "loadertop.tune/1"
 OVERRUN_NOTE = "settings that hang wait for --first-batch-timeout"
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.0%}"
 
 
 def _num(x: float | None, fmt: str = "{:.0f}") -> str:
@@ -42,7 +39,7 @@ def environment(result: TuneResult) -> dict[str, str]:
     if rec is None:
         return {}
     busy = rec.chosen.mean("busy_threads_per_worker")
-    if rec.chosen.config.num_workers > 0 and busy is not None and busy >= 1.5:
+    if rec.chosen.config.num_workers > 0 and busy is not None and busy >= WORKER_BUSY_THREADS:
         return {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     return {}
 
@@ -105,8 +102,8 @@ def to_dict(result: TuneResult) -> dict:
             "persistent_workers": rec.chosen.config.num_workers > 0,
             "dataloader": dataloader_line(result),
             "env": environment(result),
-            "rate": round(rec.chosen.rate, 2),
-            "best_rate": round(rec.best.rate, 2),
+            "rate": round(rate_of(rec.chosen), 2),
+            "best_rate": round(rate_of(rec.best), 2),
             "reasons": list(rec.reasons),
         },
     }
@@ -118,7 +115,8 @@ def to_json(result: TuneResult) -> str:
 
 def table(result: TuneResult) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
     """Header and rows; data wait only where a step was emulated (else the loop only waits)."""
-    header = ("setting", "runs", result.metric, "±", "data wait", "1st batch", "worker CPU", "PSS", "shm peak", "")
+    header: tuple[str, ...] = ("setting", "runs", result.metric, "±", "data wait", "1st batch", "worker CPU", "PSS",
+                               "shm peak", "")
     rows = table_rows(result)
     if not result.spec.per_step_ms:
         header = header[:4] + header[5:]
@@ -128,7 +126,7 @@ def table(result: TuneResult) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
 
 def table_rows(result: TuneResult) -> list[tuple[str, ...]]:
     rec = result.recommendation
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for s in result.summaries:
         mark = ""
         if rec is not None and s is rec.chosen:
@@ -141,7 +139,7 @@ def table_rows(result: TuneResult) -> list[tuple[str, ...]]:
             mark = f"left out: {s.excluded}"
         rows.append((
             s.config.label(), str(len(s.trials)), _num(s.rate, "{:.1f}"), _num(s.stderr, "{:.1f}"),
-            _pct(s.mean("data_wait")), _num(s.mean("first_batch_s"), "{:.2f}s"),
+            human_percent(s.mean("data_wait")), _num(s.mean("first_batch_s"), "{:.2f}s"),
             _num(s.mean("worker_cpu_percent"), "{:.0f}%"),
             _bytes(s.mean("pss_bytes") or s.mean("rss_bytes")), _bytes(s.mean("shm_peak_bytes")), mark,
         ))
@@ -179,7 +177,7 @@ def summary_lines(result: TuneResult) -> list[str]:
         out.append("env: " + " ".join(f"{k}={v}" for k, v in env.items()))
     speed = f"{rec.chosen.rate:.1f} {result.metric}"
     if result.spec.per_step_ms:
-        speed += f", data wait {_pct(rec.chosen.mean('data_wait'))} of a {result.spec.per_step_ms:g} ms step"
+        speed += f", data wait {human_percent(rec.chosen.mean('data_wait'))} of a {result.spec.per_step_ms:g} ms step"
     out.append(f"measured: {speed} ({len(rec.chosen.trials)} runs)")
     if rec.ties:
         out.append("indistinguishable from the fastest within noise: " + ", ".join(c.label() for c in rec.ties))

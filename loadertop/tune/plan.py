@@ -118,14 +118,15 @@ class Summary:
 
 def summarize(config: Config, trials: list[Trial], memory_available: int | None) -> Summary:
     good = [t for t in trials if t.error is None and t.rate is not None]
-    rate = fmean(t.rate for t in good) if good else None
+    rates = [t.rate for t in good if t.rate is not None]
+    rate = fmean(rates) if rates else None
     stderr = None
     if good:
         chunks = [r for t in good for r in t.chunk_rates]
         within = stdev(chunks) / len(chunks) ** 0.5 if len(chunks) >= 2 else 0.0
         # Runs of the same setting differ more than chunks of one run (the machine's other
         # load, where the workers landed): the spread of the repeats bounds the error too.
-        between = (max(t.rate for t in good) - min(t.rate for t in good)) / 2 if len(good) >= 2 else 0.0
+        between = (max(rates) - min(rates)) / 2 if len(rates) >= 2 else 0.0
         stderr = max(within, between)
     excluded = None
     errors = [t.error for t in trials if t.error]
@@ -157,13 +158,20 @@ class Recommendation:
     reasons: tuple[str, ...]
 
 
+def rate_of(s: Summary) -> float:
+    """The rate of a measured setting (one that `usable` kept)."""
+    if s.rate is None:
+        raise ValueError(f"{s.config.label()} was not measured")
+    return s.rate
+
+
 def usable(summaries: list[Summary]) -> list[Summary]:
     """The settings that were measured and may be recommended."""
     return [s for s in summaries if s.excluded is None and s.rate is not None]
 
 
 def fastest(summaries: list[Summary]) -> Summary | None:
-    return max(usable(summaries), key=lambda s: s.rate, default=None)
+    return max(usable(summaries), key=rate_of, default=None)
 
 
 def still_climbing(summaries: list[Summary]) -> Summary | None:
@@ -173,8 +181,8 @@ def still_climbing(summaries: list[Summary]) -> Summary | None:
     if best is None:
         return None
     top = max(s.config.num_workers for s in summaries)
-    below = [s.rate for s in usable(summaries) if s.config.num_workers < top]
-    if best.config.num_workers != top or not below or best.rate <= max(below) * (1 + 2 * TOLERANCE):
+    below = [rate_of(s) for s in usable(summaries) if s.config.num_workers < top]
+    if best.config.num_workers != top or not below or rate_of(best) <= max(below) * (1 + 2 * TOLERANCE):
         return None
     return best
 
@@ -184,12 +192,12 @@ def recommend(summaries: list[Summary], cpu_share: int) -> Recommendation | None
     if best is None:
         return None
     measured = usable(summaries)
-    near = [s for s in measured if s.rate >= best.rate * (1 - TOLERANCE) or indistinguishable(s, best)]
+    near = [s for s in measured if rate_of(s) >= rate_of(best) * (1 - TOLERANCE) or indistinguishable(s, best)]
     chosen = min(near, key=lambda s: s.config)
     ties = tuple(s.config for s in measured if s is not best and indistinguishable(s, best))
     reasons = []
     if chosen is not best:
-        gap = 1 - chosen.rate / best.rate
+        gap = 1 - rate_of(chosen) / rate_of(best)
         close = "as fast as" if gap < 0.005 else f"within {gap:.0%} of"
         reasons.append(
             f"{chosen.config.label()} is {close} the fastest ({best.config.label()}) "
@@ -201,8 +209,8 @@ def recommend(summaries: list[Summary], cpu_share: int) -> Recommendation | None
                        f"try --workers {top},{2 * top}")
     if chosen.config.num_workers > cpu_share:
         within = [s for s in measured if s.config.num_workers <= cpu_share]
-        fewer = max(within, key=lambda s: s.rate) if within else None
-        gain = f" ({chosen.rate / fewer.rate - 1:+.0%} against {fewer.config.label()})" if fewer else ""
+        fewer = max(within, key=rate_of) if within else None
+        gain = f" ({rate_of(chosen) / rate_of(fewer) - 1:+.0%} against {fewer.config.label()})" if fewer else ""
         cpu = chosen.mean("worker_cpu_percent")
         # All workers together against the CPUs they share: far below, they wait on I/O.
         io_bound = cpu is not None and cpu * chosen.config.num_workers < 50.0 * cpu_share

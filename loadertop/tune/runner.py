@@ -14,21 +14,20 @@ import queue
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
 from statistics import fmean
 
+from ..fields import context_switches
 from ..jobs import stop_job
-from ..probes import host as host_probe
-from ..probes import procfs
+from ..model import Snapshot
 from ..probes.gpu import GpuProbe
-from ..probes.procs import ProcessSampler
+from ..probes.processes import ProcessSampler
 from ..sampler import Sampler
 from . import plan
 from .plan import Config, Summary, Trial
+from .result import Machine, TuneResult, TuneSpec
 
 TRIAL_SCRIPT = os.path.join(os.path.dirname(__file__), "trial.py")
 TICK_S = 0.5
@@ -43,41 +42,6 @@ class FactoryError(Exception):
     """The user's factory cannot give a dataset: no configuration can run."""
 
 
-@dataclass
-class TuneSpec:
-    factory: str
-    batch_size: int | None = None
-    collate: str | None = None
-    budget_s: float = 90.0
-    workers: list[int] | None = None
-    prefetch: list[int] = field(default_factory=lambda: [2, 4])
-    pin_memory: str = "auto"  # auto | on | off
-    per_step_ms: float | None = None
-    first_batch_timeout_s: float = 60.0
-    python: str = sys.executable
-    cwd: str = field(default_factory=os.getcwd)
-
-    @property
-    def metric(self) -> str:
-        """With an emulated step each batch is a step; without one, samples are what count."""
-        return "steps/s" if self.per_step_ms else "samples/s"
-
-
-@dataclass
-class Machine:
-    usable_cpus: int
-    other_trainers: int  # DataLoader trainers already running on this machine
-    cpu_share: int
-    memory_available: int | None
-
-    @classmethod
-    def read(cls) -> Machine:
-        usable = host_probe.usable_cpus(0) or os.cpu_count() or 1
-        others = host_probe.scan_dataloaders()[1]
-        mem = procfs.read_meminfo().get("MemAvailable")
-        return cls(usable, others, max(1, usable // (others + 1)), mem)
-
-
 class Progress:
     """What the view is told; the default says nothing."""
 
@@ -85,22 +49,6 @@ class Progress:
     def started(self, config: Config, index: int, total: int, repeat: bool) -> None: ...
     def update(self, config: Config, rate: float | None, elapsed_s: float) -> None: ...
     def finished(self, trial: Trial, best: Summary | None) -> None: ...
-
-
-@dataclass
-class TuneResult:
-    spec: TuneSpec
-    machine: Machine
-    summaries: list[Summary]
-    recommendation: plan.Recommendation | None
-    batch_size: int | None
-    dataset: str | None
-    extra_kwargs: tuple[str, ...]
-    cuda: bool
-    elapsed_s: float
-    stopped: bool  # Ctrl-C
-    metric: str  # "samples/s" or "steps/s"
-    skipped: tuple[Config, ...] = ()  # not run: the budget was overrun
 
 
 class Tuner:
@@ -154,11 +102,11 @@ class Tuner:
             # With the default grid, follow a curve still climbing at its edge (I/O-bound
             # loaders): twice the workers, up to twice, while the budget lasts.
             for _ in range(EXTENSIONS if self.spec.workers is None else 0):
-                more = self._extension()
-                if more is None or time.monotonic() - self.started_at > 0.85 * self.spec.budget_s:
+                wider = self._extension()
+                if wider is None or time.monotonic() - self.started_at > 0.85 * self.spec.budget_s:
                     break
-                configs.append(more)
-                self._run_one(more, i, len(configs), 1 + REPEATS, repeat=False)
+                configs.append(wider)
+                self._run_one(wider, i, len(configs), 1 + REPEATS, repeat=False)
                 i += 1
             candidates = self._repeat_candidates()
             for j, config in enumerate(candidates):
@@ -178,7 +126,7 @@ class Tuner:
 
     def _repeat_candidates(self) -> list[Config]:
         summaries = self._summaries()
-        ranked = sorted(plan.usable(summaries), key=lambda s: -s.rate)
+        ranked = sorted(plan.usable(summaries), key=lambda s: -plan.rate_of(s))
         candidates = [s.config for s in ranked[:REPEATS]]
         rec = plan.recommend(summaries, self.machine.cpu_share)
         if rec is not None and rec.chosen.config not in candidates:
@@ -214,7 +162,7 @@ class Tuner:
         }
 
     def _measure(self, trial: Trial, warmup: float, window: float) -> None:
-        spawned = time.monotonic()
+        run = TrialRun(self, trial, warmup, window)
         stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in the finally below
         proc = subprocess.Popen(
             [self.spec.python, TRIAL_SCRIPT, json.dumps(self._child_config(trial.config, warmup, window))],
@@ -227,69 +175,32 @@ class Tuner:
         reader.start()
         stderr_watch = _StderrWatch(stderr)
         sampler = None
-        in_window = []
-        shm_peak = (0, None)  # (used, total) of /dev/shm over the whole trial
-        result = error = None
-        first_batch_at = None
-        window_started = None
         try:
             sampler = Sampler([proc.pid], interval_s=TICK_S, gpu=self.gpu,
                               processes=ProcessSampler(slow_interval_s=2.0, slow_budget_s=0.02))
-            deadline = spawned + self.spec.first_batch_timeout_s
-            while result is None and error is None:
-                snap = sampler.tick()
-                for t in snap.trainers:
-                    if t.shm is not None and t.shm.used_bytes is not None:
-                        shm_peak = max(shm_peak, (t.shm.used_bytes, t.shm.total_bytes), key=lambda u: u[0])
-                if window_started is not None:
-                    in_window.append(snap)
+            while not run.done:
+                run.on_snapshot(sampler.tick())
                 end = time.monotonic() + TICK_S
-                while time.monotonic() < end and result is None and error is None:
+                while time.monotonic() < end and not run.done:
                     try:
                         event = events.get(timeout=max(0.0, end - time.monotonic()))
                     except queue.Empty:
                         break
                     if event is None:  # the child's stdout closed: it exited
-                        error = self._death(proc, stderr)
+                        run.error = self._death(proc, stderr)
                         break
-                    kind = event.get("event")
-                    if kind == "loaded":
-                        self.loaded = event
-                        deadline = time.monotonic() + self.spec.first_batch_timeout_s  # now the loader's turn
-                    elif kind == "first_batch":
-                        first_batch_at = time.monotonic()
-                        trial.first_batch_s = event["s"]
-                        deadline = first_batch_at + warmup + window + 30
-                    elif kind == "window":
-                        window_started = time.monotonic()
-                        self.startup_s = max(0.5, window_started - spawned - warmup)
-                    elif kind == "progress":
-                        self.progress.update(trial.config, self._rate(event["samples"], event["batches"],
-                                                                      event["elapsed"]), event["elapsed"])
-                    elif kind == "result":
-                        result = event
-                    elif kind == "error":
-                        error = self._error(event)
-                if result is None and error is None:
+                    run.on_event(event)
+                if not run.done:
                     # A worker whose batch does not fit in /dev/shm loses it in its queue's feeder
                     # thread (a traceback on stderr) and torch then waits for it forever: end now.
                     lost = stderr_watch.shm_full()
                     if lost:
-                        error = f"/dev/shm is full: a worker could not hand over a batch ({lost}); torch waits for it"
-                if result is None and error is None and time.monotonic() > deadline:
-                    what = "no first batch" if first_batch_at is None else "the window did not end"
-                    limit = self.spec.first_batch_timeout_s if first_batch_at is None else window + 30
-                    error = f"{what} within {limit:.0f} s: the dataset or a worker hangs"
-                    used, total = shm_peak
-                    if total and used >= plan.SHM_LIMIT * total:
-                        # torch's loader blocks, not crashes, when its shared memory runs out
-                        error = (f"{what} within {limit:.0f} s with /dev/shm full ({used / 2**20:.0f} of "
-                                 f"{total / 2**20:.0f} MiB): the batches in flight do not fit")
-                    if not self.loaded and not self._any_measured():
-                        raise FactoryError(f"the factory {self.spec.factory} did not return within "
-                                           f"{limit:.0f} s (a hang while importing or building the dataset)")
-            if result is not None:
-                in_window.append(sampler.tick(complete=True))  # USS/PSS of every process, at the end
+                        run.error = (f"/dev/shm is full: a worker could not hand over a batch ({lost}); "
+                                     "torch waits for it")
+                if not run.done:
+                    run.error = run.timeout_error(time.monotonic())
+            if run.result is not None:
+                run.in_window.append(sampler.tick(complete=True))  # USS/PSS of every process, at the end
         except KeyboardInterrupt:
             trial.stopped = True
             trial.error = "stopped (Ctrl-C)"
@@ -297,12 +208,12 @@ class Tuner:
         finally:
             if sampler is not None:
                 sampler.close()
-            _end(proc, graceful=result is not None)
+            _end(proc, graceful=run.result is not None)
             stderr.close()
-        if error is not None:
-            trial.error = error
+        if run.result is None:
+            trial.error = run.error or "the trial ended without a result"
             return
-        self._fill(trial, result, in_window)
+        self._fill(trial, run.result, run.in_window)
 
     def _any_measured(self) -> bool:
         return any(t.rate is not None for ts in self.trials.values() for t in ts)
@@ -356,8 +267,7 @@ class Tuner:
         trial.busy_threads_per_worker = fmean(busy) if busy else None
         switches = []
         for t in trainers:
-            rates = [(p.ctx_switches_voluntary_per_s or 0) + (p.ctx_switches_involuntary_per_s or 0)
-                     for p in (t.main, *t.workers) if p.ctx_switches_voluntary_per_s is not None]
+            rates = [r for r in map(context_switches, (t.main, *t.workers)) if r is not None]
             if rates:
                 switches.append(sum(rates))
         trial.ctx_switches_per_s = fmean(switches) if switches else None
@@ -388,6 +298,75 @@ class Tuner:
 
     def close(self) -> None:
         self.gpu.close()
+
+
+class TrialRun:
+    """One trial's child as it reports: the events it sent, the snapshots of its measured
+    window, the peak of /dev/shm, and what ended it (a result or an error)."""
+
+    def __init__(self, tuner: Tuner, trial: Trial, warmup: float, window: float) -> None:
+        self.tuner = tuner
+        self.trial = trial
+        self.warmup = warmup
+        self.window = window
+        self.spawned = time.monotonic()
+        self.deadline = self.spawned + tuner.spec.first_batch_timeout_s
+        self.first_batch_at: float | None = None
+        self.window_started: float | None = None
+        self.in_window: list[Snapshot] = []
+        self.shm_peak: tuple[int, int | None] = (0, None)  # (used, total) over the whole trial
+        self.result: dict | None = None
+        self.error: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None or self.error is not None
+
+    def on_snapshot(self, snap: Snapshot) -> None:
+        for t in snap.trainers:
+            if t.shm is not None and t.shm.used_bytes is not None:
+                self.shm_peak = max(self.shm_peak, (t.shm.used_bytes, t.shm.total_bytes), key=lambda u: u[0])
+        if self.window_started is not None:
+            self.in_window.append(snap)
+
+    def on_event(self, event: dict) -> None:
+        """One line from the child (tune/trial.py)."""
+        tuner, kind = self.tuner, event.get("event")
+        if kind == "loaded":
+            tuner.loaded = event
+            self.deadline = time.monotonic() + tuner.spec.first_batch_timeout_s  # now the loader's turn
+        elif kind == "first_batch":
+            self.first_batch_at = time.monotonic()
+            self.trial.first_batch_s = event["s"]
+            self.deadline = self.first_batch_at + self.warmup + self.window + 30
+        elif kind == "window":
+            self.window_started = time.monotonic()
+            tuner.startup_s = max(0.5, self.window_started - self.spawned - self.warmup)
+        elif kind == "progress":
+            rate = tuner._rate(event["samples"], event["batches"], event["elapsed"])
+            tuner.progress.update(self.trial.config, rate, event["elapsed"])
+        elif kind == "result":
+            self.result = event
+        elif kind == "error":
+            self.error = tuner._error(event)
+
+    def timeout_error(self, now: float) -> str | None:
+        """Why the trial is over its deadline, or None while it is not. A factory that never
+        returned, with nothing measured yet, ends the whole tune (FactoryError)."""
+        if now <= self.deadline:
+            return None
+        what = "no first batch" if self.first_batch_at is None else "the window did not end"
+        limit = self.tuner.spec.first_batch_timeout_s if self.first_batch_at is None else self.window + 30
+        error = f"{what} within {limit:.0f} s: the dataset or a worker hangs"
+        used, total = self.shm_peak
+        if total and used >= plan.SHM_LIMIT * total:
+            # torch's loader blocks, not crashes, when its shared memory runs out
+            error = (f"{what} within {limit:.0f} s with /dev/shm full ({used / 2**20:.0f} of "
+                     f"{total / 2**20:.0f} MiB): the batches in flight do not fit")
+        if not self.tuner.loaded and not self.tuner._any_measured():
+            raise FactoryError(f"the factory {self.tuner.spec.factory} did not return within "
+                               f"{limit:.0f} s (a hang while importing or building the dataset)")
+        return error
 
 
 def _read_lines(stream, events: queue.Queue) -> None:
@@ -434,7 +413,8 @@ def _without_segment(message: str) -> str:
 def _end(proc: subprocess.Popen, graceful: bool) -> None:
     """Let a finished trial exit, then make sure it and its workers are gone."""
     try:
-        proc.stdin.close()
+        if proc.stdin is not None:
+            proc.stdin.close()
     except OSError:
         pass
     if graceful:

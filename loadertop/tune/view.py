@@ -7,7 +7,8 @@ import sys
 import time
 
 from .plan import Config, Summary, Trial
-from .runner import Machine, Progress
+from .result import Machine
+from .runner import Progress
 
 
 def _fmt(rate: float | None, metric: str) -> str:

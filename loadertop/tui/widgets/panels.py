@@ -11,7 +11,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from ... import notices as N
-from ...fields import human_age, human_bytes
+from ...fields import human_age, human_bytes, human_percent
 from ...model import Event, Finding, Snapshot, TrainerSnapshot
 from ...verdict import verdict
 
@@ -50,10 +50,6 @@ class Panel(Static):
             self._lines = lines
 
 
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.0%}"
-
-
 def cpus_usable(trainer: TrainerSnapshot) -> str:
     """The CPUs this trainer may use: its affinity, cut by its cgroup's quota."""
     cpus = trainer.usable_cpus
@@ -86,7 +82,7 @@ class HeaderPanel(Panel):
         word, colour = verdict(trainer, findings)
         line.append(f" {word} ", style=f"bold reverse {colour}")
         dw = trainer.data_wait
-        line.append(f"  data wait {_pct(dw.fraction if dw else None)}")
+        line.append(f"  data wait {human_percent(dw.fraction if dw else None)}")
         if dw is not None and dw.source == "hook":
             line.append(" (exact, hook)", style="dim")
         util = [g.utilization_percent for g in snap.gpus if g.index in trainer.gpus]
@@ -135,7 +131,7 @@ class HistoryPanel(Panel):
             last = next((v for v in reversed(waits) if v is not None), None)
             t.append(" data wait ")
             t.append(sparkline(waits, width), style="red")
-            t.append(f" {_pct(last)}".ljust(6))
+            t.append(f" {human_percent(last)}".ljust(6))
             gpus = self.gpu.get(trainer.pid, ())
             if any(v is not None for v in gpus):
                 t.append("  GPU ")
@@ -145,7 +141,7 @@ class HistoryPanel(Panel):
         t.append(bar(self.cpu[-1] if self.cpu else None, width), style="blue")
         if trainer is not None and trainer.shm and trainer.shm.total_bytes:
             used = (trainer.shm.used_bytes or 0) / trainer.shm.total_bytes
-            t.append(f" {_pct(self.cpu[-1] if self.cpu else None)}".ljust(6))
+            t.append(f" {human_percent(self.cpu[-1] if self.cpu else None)}".ljust(6))
             t.append("  shm ")
             t.append(bar(used, width), style="magenta")
             t.append(f" {human_bytes(trainer.shm.used_bytes)}/{human_bytes(trainer.shm.total_bytes)}")
@@ -167,7 +163,7 @@ class OverviewPanel(Panel):
             rank = f"rank {tr.rank}" if tr.rank is not None else f"job {tr.job_pid}"
             dw = tr.data_wait.fraction if tr.data_wait else None
             t.append(f"{marker}{i + 1} pid {tr.pid:<8} {rank:<9} {len(tr.workers):>3} workers  "
-                     f"wait {_pct(dw):>4}  ")
+                     f"wait {human_percent(dw):>4}  ")
             t.append(word, style=f"bold {colour}")
             t.append("\n")
         self.show(t)

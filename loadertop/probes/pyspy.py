@@ -1,0 +1,227 @@
+"""What py-spy's output says, pure: the trainer's main thread classified sample by sample
+(waiting for a worker's batch, loading in the main process, or compute), a window of raw
+samples turned into a data wait, and a worker's dump into what it is doing and its
+DataLoader arguments. No process is started here (see stacks.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from ..model import WAITING_FOR_INDICES, DataWait
+from ..numbers import int_or_none
+
+# --- classification of the trainer's main thread (pure) ---------------------------
+
+WAIT = "worker_wait"  # blocked until a worker's batch arrives
+MAIN = "main_process"  # loading work the main process does itself
+ITERABLE = "iterable"  # of MAIN, samples in an IterableDataset's fetcher (not a category of its own)
+BREAKDOWN = ("forward", "backward", "optimizer", "device_sync", "other")
+
+# Inside DataLoader.__next__, frames that are work in the main process, not waiting.
+_MAIN_WORK = (
+    "SingleProcessDataLoaderIter",  # num_workers=0 (torchdata's _Stateful… too): the dataset runs here
+    "rebuild_storage",  # unpickling tensors passed through shared memory
+    "torch/multiprocessing/reductions.py",
+    "_process_data",
+    "pin_memory.py",  # pinning in the main thread
+    "collate.py",
+    "fetch.py",
+)
+
+
+# A sample whose innermost frame is one of these is blocked, not working: receiving a
+# batch, or the file-descriptor hand-shake with a worker's resource sharer (which waits
+# for that worker's GIL) counts as waiting for the worker.
+_BLOCKED_LEAF = (
+    "multiprocessing/connection.py",
+    "multiprocessing/resource_sharer.py",
+    "multiprocessing/reduction.py",
+    "selectors.py",
+    "socket.py",
+    "threading.py",
+    "queue.py",
+)
+
+
+def is_data_next(frame: str) -> bool:
+    return ".__next__ (" in frame and "torch/utils/data/dataloader.py" in frame
+
+
+def classify_main(frames: list[str]) -> str:
+    """The category of one sample of the trainer's main thread (frames root → leaf)."""
+    for i, frame in enumerate(frames):
+        if is_data_next(frame):
+            rest = frames[i + 1 :]
+            if rest and any(b in rest[-1] for b in _BLOCKED_LEAF):
+                return WAIT
+            return MAIN if any(m in f for f in rest for m in _MAIN_WORK) else WAIT
+    for frame in frames:
+        if "torch/autograd/" in frame or "Tensor.backward (" in frame:
+            return "backward"
+        if "torch/optim/" in frame:
+            return "optimizer"
+        if "synchronize (" in frame or "torch/cuda/streams.py" in frame:
+            return "device_sync"
+        if "Module._call_impl (" in frame or "Module._wrapped_call_impl (" in frame:
+            return "forward"
+    return "other"
+
+
+_THREAD = re.compile(r"thread \((0x[0-9a-fA-F]+|\d+)\): ")
+
+
+def parse_raw(text: str, main_tid: int) -> dict[str, int]:
+    """Counts per category of the main thread's samples in `py-spy record --format raw
+    --threads` output. Lines: `[process …;]thread (TID): NAME;frame;…;frame COUNT`."""
+    counts: dict[str, int] = {}
+    for line in text.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        m = _THREAD.search(stack)
+        if m is None or m.group(1) != str(main_tid):
+            continue
+        frames = stack[m.end() :].split(";")[1:]  # the first item is the thread's name
+        category = classify_main(frames)
+        counts[category] = counts.get(category, 0) + int(count)
+        if category == MAIN and "_IterableDatasetFetcher" in stack:
+            counts[ITERABLE] = counts.get(ITERABLE, 0) + int(count)
+    return counts
+
+
+def data_wait_from_counts(counts: dict[str, int], window_s: float, stalled_for_s: float) -> DataWait:
+    total = sum(v for k, v in counts.items() if k != ITERABLE)
+    if not total:
+        return DataWait(None, None, None, (), 0, window_s, stalled_for_s)
+    wait, main = counts.get(WAIT, 0), counts.get(MAIN, 0)
+    return DataWait(
+        fraction=(wait + main) / total,
+        worker_wait_fraction=wait / total,
+        main_process_fraction=main / total,
+        breakdown=tuple((c, counts.get(c, 0) / total) for c in BREAKDOWN),
+        samples=total,
+        window_s=window_s,
+        stalled_for_s=stalled_for_s,
+        iterable=True if counts.get(ITERABLE) else None,
+    )
+
+
+# --- what a worker is doing (pure) -------------------------------------------------
+
+_LIBRARY_PARTS = ("/lib/python", "site-packages", "dist-packages", "<frozen")
+
+
+def _is_library(filename: str) -> bool:
+    return any(p in filename for p in _LIBRARY_PARTS)
+
+
+def _frame_label(frame: dict) -> str:
+    return f"{frame.get('name')} ({frame.get('short_filename') or frame.get('filename')}:{frame.get('line')})"
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    worker_id: int | None
+    num_workers: int | None
+    persistent_workers: bool | None
+    dataset_class: str | None
+    doing: str | None
+    # Its other Python threads (queue feeder, resource sharer): busy at times, never a pool.
+    python_threads: frozenset[int] = frozenset()
+    read_at: float | None = None  # when the dump was taken (epoch seconds)
+    iterable: bool | None = None  # its loader reads an IterableDataset
+    # The worker loop its main thread runs (torch's, torchdata's…): None where it runs none,
+    # which is how a process that is not a DataLoader worker looks.
+    worker_loop: str | None = None
+
+
+def _local(frame: dict, name: str) -> str | None:
+    for item in frame.get("locals") or ():
+        if item.get("name") == name:
+            return item.get("repr")
+    return None
+
+
+def worker_doing(frames: list[dict]) -> str:
+    """From a worker's main thread (frames leaf → root, as py-spy dumps them)."""
+    names = [f.get("name") or "" for f in frames]
+    files = [f.get("filename") or "" for f in frames]
+    fetch = next((i for i, fn in enumerate(files) if fn.endswith("torch/utils/data/_utils/fetch.py")), None)
+    if fetch is not None:
+        below = frames[:fetch]  # what the fetcher called: the dataset, then its callees
+        if any((f.get("filename") or "").endswith("_utils/collate.py") for f in below):
+            return "collating"
+        if not below:
+            return "fetching"
+        entry = below[-1]  # what the fetcher called: the dataset's __getitem__ or __iter__
+        user = [f for f in below if not _is_library(f.get("filename") or "")]
+        deepest = user[0] if user else entry  # the innermost frame of the user's own code
+        if deepest is entry:
+            return _frame_label(entry)
+        return f"{entry.get('name')} > {_frame_label(deepest)}"
+    if any(n.endswith("_worker_loop") for n in names):
+        loop = names.index(next(n for n in names if n.endswith("_worker_loop")))
+        callees = " ".join(names[:loop])
+        if "Queue.get" in callees:
+            return WAITING_FOR_INDICES
+        if "put" in callees or "_send" in callees or "dumps" in callees:
+            return "sending a batch"
+        return "in the worker loop"
+    return _frame_label(frames[0]) if frames else "unknown"
+
+
+def parse_dump(text: str, pid: int) -> WorkerInfo | None:
+    """The worker's main thread from `py-spy dump --json [--locals]`; None for anything else
+    (null, {}, [1]: a py-spy of another version, a cut-short output)."""
+    try:
+        threads = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(threads, list) or not all(isinstance(t, dict) for t in threads):
+        return None
+    for t in threads:
+        frames = t.get("frames")
+        if frames is not None and (not isinstance(frames, list) or not all(isinstance(f, dict) for f in frames)):
+            return None
+        if not all(isinstance(item, dict) for f in frames or () for item in f.get("locals") or ()):
+            return None
+    try:
+        return _parse_threads(threads, pid)
+    except (TypeError, AttributeError, ValueError):
+        return None
+
+
+def _parse_threads(threads: list[dict], pid: int) -> WorkerInfo | None:
+    main = next((t for t in threads if t.get("os_thread_id") == pid), None)
+    if main is None:
+        main = next((t for t in threads if t.get("thread_name") == "MainThread"), None)
+    if main is None:
+        return None
+    frames = main.get("frames") or []
+    loop = next((f for f in frames if (f.get("name") or "").endswith("_worker_loop")), None)
+    dataset = _local(loop, "dataset") if loop else None
+    persistent = _local(loop, "persistent_workers") if loop else None
+    return WorkerInfo(
+        worker_id=int_or_none(_local(loop, "worker_id")) if loop else None,
+        num_workers=int_or_none(_local(loop, "num_workers")) if loop else None,
+        persistent_workers={"True": True, "False": False}.get(persistent or ""),
+        dataset_class=dataset[1:].split(" ", 1)[0] if dataset and dataset.startswith("<") else None,
+        doing=worker_doing(frames),
+        python_threads=frozenset(
+            t["os_thread_id"] for t in threads if t is not main and isinstance(t.get("os_thread_id"), int)
+        ),
+        iterable=_fetcher_kind(frames),
+        worker_loop=(loop.get("short_filename") or loop.get("filename")) if loop else None,
+    )
+
+
+def _fetcher_kind(frames: list[dict]) -> bool | None:
+    """True for an IterableDataset's fetcher in the stack, False for a map-style one."""
+    names = " ".join(f.get("name") or "" for f in frames)
+    if "_IterableDatasetFetcher" in names:
+        return True
+    if "_MapDatasetFetcher" in names:
+        return False
+    return None
