@@ -112,6 +112,8 @@ class DataWait:
     source: str = "py-spy"
     steps_per_s: float | None = None  # batches the loop took per second (the hook counts them)
     iterable: bool | None = None  # the loop reads an IterableDataset
+    # Of the wait, waiting for another rank to send this rank's batch (Accelerate's dispatcher).
+    dispatched_fraction: float | None = None
 
 
 @dataclass(frozen=True)

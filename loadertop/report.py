@@ -128,6 +128,7 @@ def _trainer(last: TrainerSnapshot, snaps: Sequence[Snapshot], plan: Plan | None
             "window_s": dw.window_s,
             "stalled_for_s": dw.stalled_for_s,
             "source": dw.source,
+            **({"dispatched_fraction": dw.dispatched_fraction} if dw.dispatched_fraction is not None else {}),
         },
         "loaders": [
             {
@@ -201,6 +202,8 @@ def build_report(
             "mem_available_bytes": host.mem_available_bytes,
             "load_avg": list(host.load_avg),
             "cpu_percent": _mean(s.host.cpu_percent for s in snapshots),
+            "dataloader_workers": host.dataloader_workers,
+            "dataloader_trainers": host.dataloader_trainers,
         },
         "trainers": [_trainer(t, snapshots, plans.get((t.pid, t.started_at)), findings) for t in last.trainers],
         "findings": [finding_dict(f) for f in findings],

@@ -136,6 +136,8 @@ class Sampler:
             trainers.extend(self._tick_job(job, tree, current, now, board, events, live))
         self.processes.forget(live)
         self.discovery.forget(live)
+        self.host.known_workers = {t.pid: tuple(w.pid for w in t.workers if w.found_by in ("hook", "stack"))
+                                   for t in trainers if t.status == "running"}
         self.exits.watch(live)
         if self.stacks is not None:
             running = [t for t in trainers if t.status == "running"]

@@ -5,7 +5,9 @@ stay free. It writes the loop's own measure of its data wait, as loadertop.demo_
 {"log": [[epoch time, waited s, elapsed s, steps], ...]}.
 
 --hook: the framework's loadertop form (watch() for StatefulDataLoader and Accelerate, the
-callbacks for Lightning and the Hugging Face Trainer).
+callbacks for Lightning and the Hugging Face Trainer). --dispatch (Accelerate, under torchrun):
+rank 0 loads every rank's batches and broadcasts them; each rank writes --ready and --truth
+with ".RANK" appended.
 """
 
 from __future__ import annotations
@@ -115,7 +117,12 @@ def accelerate(args, truth: Truth) -> None:
 
     import loadertop
 
-    accelerator = Accelerator(cpu=True)
+    if args.dispatch:
+        from accelerate import DataLoaderConfiguration
+
+        accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(dispatch_batches=True))
+    else:
+        accelerator = Accelerator(cpu=True)
     train = accelerator.prepare(loader(DataLoader, args))
     if args.hook:
         train = loadertop.watch(train, name="train")
@@ -228,7 +235,12 @@ def main() -> None:
     p.add_argument("--ready")
     p.add_argument("--truth")
     p.add_argument("--stop", help="end the loop once this file exists")
+    p.add_argument("--dispatch", action="store_true", help="Accelerate: rank 0 loads and broadcasts")
     args = p.parse_args()
+    rank = os.environ.get("RANK")
+    if rank is not None:  # under torchrun: one file of each kind per rank
+        args.ready = args.ready and f"{args.ready}.{rank}"
+        args.truth = args.truth and f"{args.truth}.{rank}"
     torch.set_num_threads(1)
     run = {"stateful": stateful, "lightning": lightning, "accelerate": accelerate, "huggingface": huggingface}
     run[args.framework](args, Truth(args))

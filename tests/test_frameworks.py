@@ -9,6 +9,7 @@ import glob
 import importlib.util
 import json
 import os
+import sys
 
 import pytest
 from jobs import REPO, loadertop, wait_for
@@ -65,6 +66,9 @@ def test_each_framework_loop_is_found_measured_and_flagged(job, tmp_path, framew
         expected = _truth_over(truths[j.pid], dw["window_s"])
         assert abs(dw["fraction"] - expected) <= 0.05, (what, dw["fraction"], expected)
         assert j.pid in flagged, (what, t["verdict"], [f for f in report["findings"] if f["trainer_pid"] == j.pid])
+    # The machine-wide count (what CPU sharing between jobs is judged by) has every watched
+    # worker, torchdata's unnamed ones too.
+    assert report["host"]["dataloader_workers"] >= len(jobs), report["host"]
     # The jobs end as finished ones do: their workers go with them, and so do the hook files.
     stop.touch()
     for (framework, hook), j in jobs.items():
@@ -72,3 +76,28 @@ def test_each_framework_loop_is_found_measured_and_flagged(job, tmp_path, framew
     workers = [w["pid"] for t in report["trainers"] for w in t["workers"]]
     wait_for(lambda: not any(os.path.exists(f"/proc/{w}") for w in workers), 10, what="workers to exit")
     assert [p for j in jobs.values() for p in glob.glob(f"/dev/shm/loadertop-{j.pid}-*")] == []
+
+
+def test_a_rank_waiting_for_accelerates_dispatch_is_sent_to_rank_0(job):
+    # dispatch_batches: rank 0 loads every rank's batch (two a step, 80 ms each on its one
+    # worker) and broadcasts it; rank 1 waits in the broadcast. Rank 1's own loader is not
+    # what it waits on: its finding sends the change to rank 0, and proposes none of its own.
+    if importlib.util.find_spec("accelerate") is None:
+        pytest.skip("needs accelerate (the test extras)")
+    j = job("--framework", "accelerate", "--dispatch", *FLAGS, module="framework_job", env=ENV,
+            cmd=[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"])
+    j.wait_ready(timeout=120, suffix=".0")
+    j.wait_ready(timeout=60, suffix=".1")
+    r = loadertop("snapshot", str(j.pid), "--duration", "10", "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    ranks = {t["rank"]: t for t in report["trainers"]}
+    assert set(ranks) == {0, 1}, [(t["pid"], t["rank"]) for t in report["trainers"]]
+    waiting = ranks[1]
+    assert waiting["data_wait"]["dispatched_fraction"] >= 0.5 * waiting["data_wait_fraction"], waiting["data_wait"]
+    assert waiting["plan"]["cause"] == "dispatched", waiting["plan"]
+    (finding,) = [f for f in report["findings"] if f["trainer_pid"] == waiting["pid"] and f["id"] == "input_bound"]
+    assert "dispatch_batches=False" in finding["suggestion"] and not finding["change"], finding
+    loading = [f for f in report["findings"] if f["trainer_pid"] == ranks[0]["pid"] and f["id"] == "input_bound"]
+    assert loading and loading[0]["change"]["DataLoader"]["num_workers"] > 1, loading
+

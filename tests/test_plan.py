@@ -366,3 +366,20 @@ def test_a_main_thread_waiting_on_the_gpu_is_not_a_busy_thread_for_the_pools():
     _, busy_loop = plan_of(story(30, make(100.0)))
     assert idle.cause != "threads"
     assert busy_loop.cause == "threads"
+
+
+def test_a_rank_waiting_for_accelerates_dispatch_is_told_where_the_change_is():
+    # Rank 1 of 2 under Accelerate's dispatch_batches: it waits 60% for rank 0's broadcast
+    # while its own worker (started, never read) idles. No setting of its own loader helps.
+    def make(t):
+        dw = replace(data_wait(0.6), dispatched_fraction=0.58)
+        tr = trainer(workers=1, worker_cpu=1.0, wait=dw, usable=2, cpu_set=(0, 1), rank=1, world_size=2,
+                     main=process(TRAINER, 20.0))
+        return snapshot(t, [busy(tr, doing="waiting for indices", doing_at=T0 + t)], host(2, cpu=30.0))
+
+    findings, plan = plan_of(story(30, make))
+    assert plan.cause == "dispatched"
+    assert "DataLoader" not in changes(findings)
+    (f,) = [f for f in findings if f.id == "input_bound"]
+    assert "rank 0" in f.title and "dispatch_batches=False" in f.suggestion
+    assert verdict(story(30, make)[-1].trainers[0], findings)[0].startswith("INPUT-BOUND")

@@ -88,6 +88,33 @@ def test_rest_of_the_step(frames, expected):
     assert classify_main([*ROOT, *frames]) == expected
 
 
+DISPATCH = "DataLoaderDispatcher.__iter__ (accelerate/data_loader.py:868)"
+
+
+@pytest.mark.unit
+def test_a_rank_waiting_for_accelerates_dispatch_is_data_wait_told_apart():
+    # Accelerate's DataLoaderDispatcher: rank 0 loads (torch's __next__ inside) and
+    # broadcasts; the other ranks wait in the broadcast, inside the same generator.
+    rank1 = [*ROOT, DISPATCH, "DataLoaderDispatcher._fetch_batches (accelerate/data_loader.py:812)",
+             "broadcast_object_list (accelerate/utils/operations.py:560)",
+             "broadcast_object_list (torch/distributed/distributed_c10d.py:3478)"]
+    rank0 = [*ROOT, DISPATCH, "DataLoaderDispatcher._fetch_batches (accelerate/data_loader.py:790)", NEXT,
+             "_MultiProcessingDataLoaderIter._try_get_data (torch/utils/data/dataloader.py:1291)",
+             "Queue.get (multiprocessing/queues.py:113)", "Connection.poll (multiprocessing/connection.py:257)"]
+    compute = [*ROOT, "Module._wrapped_call_impl (torch/nn/modules/module.py:1778)"]
+    assert classify_main(rank1) == WAIT and classify_main(rank0) == WAIT
+
+    def raw(stacks):
+        return "".join(f"thread (7): MainThread;{';'.join(frames)} {n}\n" for frames, n in stacks)
+
+    waiting = parse_raw(raw([(rank1, 60), (compute, 40)]), 7)
+    assert waiting == {WAIT: 60, pyspy.DISPATCHED: 60, "forward": 40}
+    dw = pyspy.data_wait_from_counts(waiting, 10.0, 0.0)
+    assert dw.fraction == pytest.approx(0.6) and dw.dispatched_fraction == pytest.approx(0.6)
+    loading = pyspy.data_wait_from_counts(parse_raw(raw([(rank0, 60), (compute, 40)]), 7), 10.0, 0.0)
+    assert loading.fraction == pytest.approx(0.6) and loading.dispatched_fraction is None
+
+
 def test_captured_dump_gives_worker_arguments():
     info = parse_dump((DATA / "dump-worker-locals.json").read_text(), WORKER_PID)
     assert (info.worker_id, info.num_workers, info.persistent_workers) == (1, 2, True)

@@ -44,10 +44,13 @@ class _Owner:
     started: int  # the owner's start ticks: with its pid, its identity
 
 
-def _owners() -> dict[int, _Owner]:
+def _owners(known: dict[int, tuple[int, ...]] | None = None) -> dict[int, _Owner]:
     """Trainer pid -> its live DataLoader workers and their CPU ticks, for every loader on the
     machine (a scan by worker comm: one stat read a process). A worker's trainer is its
-    parent, or the fork server's parent with the forkserver start method."""
+    parent, or the fork server's parent with the forkserver start method.
+
+    `known`: workers of watched trainers recognised otherwise (the hook's pids, a stack dump):
+    torchdata's workers do not carry torch's name, and only a watched trainer can tell them."""
     owners: dict[int, _Owner] = {}
     python: dict[int, bool] = {}
     for name in os.listdir(procfs.PROC):
@@ -69,11 +72,32 @@ def _owners() -> dict[int, _Owner]:
         if not python[owner]:
             continue  # a comm anyone can set: a worker counts only under a Python trainer
         if owner not in owners:
-            main = procfs.read_stat(owner)
-            owners[owner] = _Owner(0, main.cpu_ticks if main else 0, main.start_ticks if main else 0)
+            owners[owner] = _new_owner(owner)
         owners[owner].workers += 1
         owners[owner].ticks += st.cpu_ticks
+    for trainer, pids in (known or {}).items():
+        for pid in pids:
+            st = procfs.read_stat(pid)
+            if st is None or st.comm == WORKER_COMM or st.state == "Z" or not _under(st, trainer):
+                continue  # named ones were counted above; a gone or reused pid is not a worker
+            if trainer not in owners:
+                owners[trainer] = _new_owner(trainer)
+            owners[trainer].workers += 1
+            owners[trainer].ticks += st.cpu_ticks
     return owners
+
+
+def _new_owner(pid: int) -> _Owner:
+    main = procfs.read_stat(pid)
+    return _Owner(0, main.cpu_ticks if main else 0, main.start_ticks if main else 0)
+
+
+def _under(st: procfs.Stat, trainer: int) -> bool:
+    """st is the trainer's child, or its fork server's."""
+    if st.ppid == trainer:
+        return True
+    parent = procfs.read_stat(st.ppid)
+    return parent is not None and parent.ppid == trainer
 
 
 def _is_python(pid: int) -> bool:
@@ -176,6 +200,8 @@ class HostProbe:
         self._scanned_at = float("-inf")
         self.per_cpu = _PerCpu()
         self.jobs: frozenset[int] = frozenset()  # watched jobs: not our own load, even as our children
+        # Watched trainers' workers recognised by the hook or a stack dump (no torch name).
+        self.known_workers: dict[int, tuple[int, ...]] = {}
 
     def sample(self) -> HostSnapshot:
         mem = procfs.read_meminfo(self.files)
@@ -213,7 +239,7 @@ class HostProbe:
         the time since the previous scan)."""
         out = []
         seen: dict[tuple[int, int], tuple[float, int]] = {}
-        for pid, owner in sorted(_owners().items()):
+        for pid, owner in sorted(_owners(self.known_workers).items()):
             key = (pid, owner.started)
             prev = self._owner_ticks.get(key)
             cores = None

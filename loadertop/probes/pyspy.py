@@ -17,6 +17,10 @@ from ..numbers import int_or_none
 WAIT = "worker_wait"  # blocked until a worker's batch arrives
 MAIN = "main_process"  # loading work the main process does itself
 ITERABLE = "iterable"  # of MAIN, samples in an IterableDataset's fetcher (not a category of its own)
+# Of WAIT, samples waiting for another rank to send this rank's batch: Accelerate's
+# DataLoaderDispatcher (dispatch_batches) loads on rank 0 and broadcasts to every rank.
+DISPATCHED = "dispatched"
+SUBCOUNTS = (ITERABLE, DISPATCHED)  # counted again inside a category: not in a total
 BREAKDOWN = ("forward", "backward", "optimizer", "device_sync", "other")
 
 # Inside DataLoader.__next__, frames that are work in the main process, not waiting.
@@ -49,6 +53,12 @@ def is_data_next(frame: str) -> bool:
     return ".__next__ (" in frame and "torch/utils/data/dataloader.py" in frame
 
 
+def is_dispatch(frame: str) -> bool:
+    """Accelerate's DataLoaderDispatcher handing out a batch: rank 0 loads it (torch's
+    __next__ further in), the other ranks wait for its broadcast."""
+    return "accelerate/data_loader.py" in frame and ("DataLoaderDispatcher." in frame or "_fetch_batches (" in frame)
+
+
 def classify_main(frames: list[str]) -> str:
     """The category of one sample of the trainer's main thread (frames root → leaf)."""
     for i, frame in enumerate(frames):
@@ -57,6 +67,8 @@ def classify_main(frames: list[str]) -> str:
             if rest and any(b in rest[-1] for b in _BLOCKED_LEAF):
                 return WAIT
             return MAIN if any(m in f for f in rest for m in _MAIN_WORK) else WAIT
+    if any(is_dispatch(f) for f in frames):
+        return WAIT  # waiting for the dispatching rank's broadcast
     for frame in frames:
         if "torch/autograd/" in frame or "Tensor.backward (" in frame:
             return "backward"
@@ -88,11 +100,13 @@ def parse_raw(text: str, main_tid: int) -> dict[str, int]:
         counts[category] = counts.get(category, 0) + int(count)
         if category == MAIN and "_IterableDatasetFetcher" in stack:
             counts[ITERABLE] = counts.get(ITERABLE, 0) + int(count)
+        if category == WAIT and not any(is_data_next(f) for f in frames):
+            counts[DISPATCHED] = counts.get(DISPATCHED, 0) + int(count)
     return counts
 
 
 def data_wait_from_counts(counts: dict[str, int], window_s: float, stalled_for_s: float) -> DataWait:
-    total = sum(v for k, v in counts.items() if k != ITERABLE)
+    total = sum(v for k, v in counts.items() if k not in SUBCOUNTS)
     if not total:
         return DataWait(None, None, None, (), 0, window_s, stalled_for_s)
     wait, main = counts.get(WAIT, 0), counts.get(MAIN, 0)
@@ -105,6 +119,7 @@ def data_wait_from_counts(counts: dict[str, int], window_s: float, stalled_for_s
         window_s=window_s,
         stalled_for_s=stalled_for_s,
         iterable=True if counts.get(ITERABLE) else None,
+        dispatched_fraction=counts[DISPATCHED] / total if counts.get(DISPATCHED) else None,
     )
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from .. import notices as N
 from ..model import DataWait, Notice
 from . import procfs
-from .pyspy import ITERABLE, MAIN, WAIT, WorkerInfo, data_wait_from_counts, parse_dump, parse_raw
+from .pyspy import MAIN, SUBCOUNTS, WAIT, WorkerInfo, data_wait_from_counts, parse_dump, parse_raw
 
 # --- py-spy, its errors and their fixes ----------------------------------------------
 
@@ -425,7 +425,7 @@ class StackSampler:
                 self._notices = {k: v for k, v in self._notices.items() if k[1] != pid}
                 windows = self._windows.setdefault(pid, deque(maxlen=max(2, int(600 / self.window_s))))
                 windows.append(_Window(rec.started, ended, counts))
-                total = sum(v for k, v in counts.items() if k != ITERABLE)
+                total = sum(v for k, v in counts.items() if k not in SUBCOUNTS)
                 waiting = counts.get(WAIT, 0) + counts.get(MAIN, 0)
                 # Stalled: every sample of the window inside next(). A loop that waits 97%
                 # still receives batches: its few samples elsewhere are its steps.

@@ -14,6 +14,8 @@ def check(ctx: Context) -> Check:
     if dw is None or not enough_evidence(dw):
         return UNKNOWN
     m, plan = ctx.measured, ctx.plan
+    if plan.cause == P.DISPATCHED:
+        return _dispatched(ctx)
     wait = m.wait_workers or 0.0
     if m.loader is None or plan.cause in (P.STALLED, P.MAIN_LOADING, P.RECEIVING):
         return FINE  # a hang is loader_stalled's, the main process's own work main_process_bound's
@@ -65,6 +67,24 @@ def check(ctx: Context) -> Check:
                      "decoded ones) or give the job more CPUs")
         return ctx.found(ID, level, title, evidence, note, span_s=dw.window_s)
     return ctx.found(ID, level, title, evidence, why, parts=("workers",), span_s=dw.window_s)
+
+
+def _dispatched(ctx: Context) -> Check:
+    """The loop waits for rank 0, which loads every rank's batches and broadcasts them
+    (Accelerate's dispatch_batches, the default for an IterableDataset): this rank's own
+    DataLoader settings change nothing; rank 0's loader, or loading per rank, does."""
+    m, dw = ctx.measured, ctx.data_wait()
+    wait = m.wait or 0.0
+    level = CRITICAL if wait >= T.DATA_WAIT_CRITICAL else WARNING
+    ranks = f"all {ctx.trainer.world_size} ranks" if ctx.trainer.world_size else "every rank"
+    evidence = {"data_wait_fraction": m.wait, "dispatched_fraction": m.wait_dispatched,
+                "samples": dw.samples if dw else None, "rank": ctx.trainer.rank, "cause": P.DISPATCHED}
+    note = (f"Accelerate dispatches batches: rank 0 loads for {ranks} and broadcasts them, so this rank's own "
+            "DataLoader settings change nothing. Give rank 0's DataLoader more workers (its own report sizes "
+            "them), or let every rank load its own shard: "
+            "Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=False))")
+    title = f"data wait {pct(m.wait)} of the training loop, waiting for rank 0 to send this rank's batch"
+    return ctx.found(ID, level, title, evidence, note, span_s=dw.window_s if dw else 0.0)
 
 
 def _why(ctx: Context) -> str:

@@ -66,6 +66,7 @@ class Measured:
     wait: float | None  # data wait, share of the loop's wall time
     wait_workers: float | None  # of it, blocked until a worker's batch arrives
     wait_main: float | None  # of it, loading or receiving work the main process does itself
+    wait_dispatched: float | None  # of it, waiting for another rank to send its batch (Accelerate)
     wait_source: str | None  # py-spy | hook
     samples: int
     window_s: float
@@ -250,6 +251,7 @@ def measure(snap: Snapshot, trainer: TrainerSnapshot, window: Sequence[TrainerSn
         wait=wait,
         wait_workers=wait_workers,
         wait_main=wait_main,
+        wait_dispatched=dw.dispatched_fraction if dw else None,
         wait_source=dw.source if dw else None,
         samples=dw.samples if dw else 0,
         window_s=dw.window_s if dw else 0.0,

@@ -19,6 +19,7 @@ from .throughput import Prediction, Setting, Terms, predict, terms
 
 # Root causes, most fundamental first: the verdict names the first that holds.
 STALLED = "stalled"  # a hang: workers stopped or idle while the loop waits
+DISPATCHED = "dispatched"  # the loop waits for another rank to send its batch (Accelerate)
 THREADS = "threads"  # the workers' thread pools oversubscribe the CPUs
 QUOTA = "quota"  # the trainer's CPU quota runs out
 BUSY_HOST = "busy_host"  # other processes take the trainer's CPUs
@@ -31,7 +32,7 @@ RECEIVING = "receiving"  # the workers are ahead; the loop waits receiving their
 NONE = "none"
 UNKNOWN = "unknown"  # no data wait measured
 
-CAUSE_ORDER = (STALLED, THREADS, QUOTA, BUSY_HOST, TOO_MANY_WORKERS, LOADER_CPU, LOADER_IO, LOADER,
+CAUSE_ORDER = (STALLED, DISPATCHED, THREADS, QUOTA, BUSY_HOST, TOO_MANY_WORKERS, LOADER_CPU, LOADER_IO, LOADER,
                MAIN_LOADING, RECEIVING, NONE, UNKNOWN)
 INPUT_BOUND = (LOADER_CPU, LOADER_IO, LOADER)
 OVERSUBSCRIBED = (THREADS, QUOTA, BUSY_HOST, TOO_MANY_WORKERS)
@@ -178,6 +179,8 @@ def _cause(m: Measured, t: Terms | None, hung: bool) -> str:
     lw = m.loader
     if hung or (lw is not None and lw.stopped):
         return STALLED
+    if m.wait is not None and m.wait >= T.DATA_WAIT_WARNING and (m.wait_dispatched or 0.0) >= 0.5 * m.wait:
+        return DISPATCHED  # its own loader is not what it waits on: no setting here helps
     if lw is not None and _pools_oversubscribe(m):
         return THREADS
     budget = m.budget
@@ -326,7 +329,7 @@ def make_plan(m: Measured, hung: bool = False) -> Plan:
     thread_change = _env_limit(m) if cause == THREADS else None
     base: dict[str, Any] = dict(cause=cause, loader=lw.dataset_class if lw else None, now=now, wait_now=m.wait,
                 thread_change=thread_change, evidence=evidence, iterable=m.iterable, cpus_text=cpus_text)
-    if cause in (STALLED, UNKNOWN) or t is None:
+    if cause in (STALLED, DISPATCHED, UNKNOWN) or t is None:
         pressure = bool(m.shm_total and m.shm_peak and m.shm_peak >= T.SHM_WARNING * m.shm_total)
         return Plan(chosen=_without_data_wait(m, now, cause), gain=None, wait_after=None, limit=None,
                     shm_size=size_flag(2.0 * (m.shm_peak or 0)) if pressure else None,
