@@ -236,6 +236,8 @@ def test_hundreds_of_workers_churning_leave_loadertop_flat(job):
         assert rss1 - rss0 < 6 * 1024, f"RSS grew {rss1 - rss0} KiB over {churned} workers"
         assert len(history) <= 200
         assert len(sampler.processes._prev) < 20 and len(sampler.processes.python_helpers) < 20
-        assert _zombie_children() == [], "py-spy left as zombies"
+        # The stack thread reaps each py-spy it started as soon as it sees it exit: one that
+        # has just exited may be a zombie for a moment, none may stay one.
+        wait_for(lambda: _zombie_children() == [], 5, what="every py-spy reaped (none left as a zombie)")
     finally:
         sampler.close()  # and its stack sampler

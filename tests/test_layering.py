@@ -88,7 +88,8 @@ def test_headless_modules_load_neither_textual_nor_torch():
 
 
 def test_snapshot_run_does_not_import_torch(tmp_path):
-    """A whole `snapshot` run, probes and report included, stays free of torch."""
+    """A whole `snapshot` run, probes and report included, stays free of torch, and of
+    psutil: another user runs it under a bare system Python (test_isolation.py)."""
     code = (
         "import os, sys, runpy\n"
         "sys.argv = ['loadertop', 'snapshot', str(os.getpid()), '--duration', '0.2', '--interval', '0.1',"
@@ -96,6 +97,6 @@ def test_snapshot_run_does_not_import_torch(tmp_path):
         "from loadertop.cli import main\n"
         "rc = main(sys.argv[1:])\n"
         "assert rc == 0, rc\n"
-        "assert not [m for m in sys.modules if m.startswith(('torch', 'textual'))]\n"
+        "assert not [m for m in sys.modules if m.startswith(('torch', 'textual', 'psutil'))]\n"
     )
     subprocess.run([sys.executable, "-c", code, str(tmp_path / "r.json")], check=True)

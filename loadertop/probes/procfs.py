@@ -1,9 +1,10 @@
 """Raw readers of /proc: one small function per file, no policy.
 
 Every reader returns None when the process is gone and raises PermissionError when the
-kernel refuses; callers decide what that means. Per-tick reads are plain file reads, not
-psutil, because the tick's cost must stay near the floor of reading stat + status
-(docs/BENCHMARKS.md §1); what is read once (the boot time) comes from psutil.
+kernel refuses; callers decide what that means. Plain file reads, not psutil: the tick's
+cost must stay near the floor of reading stat + status (docs/BENCHMARKS.md §1), and the
+headless path (snapshot, record, export) imports nothing outside the standard library, so
+that another user can run it under a bare system Python.
 """
 
 from __future__ import annotations
@@ -13,14 +14,20 @@ import resource
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import psutil
-
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 PROC = "/proc"
 
 
-BOOT_TIME = psutil.boot_time()
+def _boot_time() -> float:
+    with open(f"{PROC}/stat") as f:
+        for line in f:
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    return 0.0
+
+
+BOOT_TIME = _boot_time()
 
 
 class Stat(NamedTuple):
