@@ -47,7 +47,11 @@ async def test_starved_stream_shows_verdict_workers_and_the_fix(tmp_path):
     async with app.run_test(size=(120, 36)) as pilot:
         await wait_until(pilot, lambda: app.ended and app.ticks_shown > 0)
         await pilot.pause(0.1)
-        assert "INPUT-BOUND 62%" in text_of(app, HeaderPanel)
+        header = text_of(app, HeaderPanel).splitlines()
+        assert "INPUT-BOUND 62%" in header[1]
+        # Up top, without a key: the one change to make and what it is predicted to do, the
+        # same words as the finding's.
+        assert header[2].startswith(" → DataLoader(num_workers=2 -> 6)") and "steps/s" in header[2], header
         table = app.query_one(WorkersTable)
         pids = {row[1] for row in table.rows}
         assert {str(TRAINER), str(TRAINER + 1), str(TRAINER + 2)} <= pids

@@ -155,8 +155,11 @@ class LoadertopApp(App):
         trainers = snap.trainers
         self.selected = min(self.selected, max(0, len(trainers) - 1))
         trainer = trainers[self.selected] if trainers else None
+        plan = (self.source.diagnoser.plan(trainer.pid, trainer.started_at)
+                if trainer is not None and self.source is not None else None)
         self.query_one(HeaderPanel).render_for(snap, trainer, self.findings, self.paused,
-                                               self.source is None or self.source.live, self.selected, len(trainers))
+                                               self.source is None or self.source.live, self.selected, len(trainers),
+                                               plan)
         self.query_one(HistoryPanel).render_for(snap, trainer)
         self.query_one(OverviewPanel).render_for(snap, self.findings, self.selected)
         self.query_one(WorkersTable).show(trainer, snap.time)

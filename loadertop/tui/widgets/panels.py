@@ -13,6 +13,7 @@ from textual.widgets import Static
 from ... import notices as N
 from ...fields import human_age, human_bytes, human_percent
 from ...model import Event, Finding, Snapshot, TrainerSnapshot
+from ...rules.plan import Plan
 from ...verdict import verdict
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
@@ -59,9 +60,21 @@ def cpus_usable(trainer: TrainerSnapshot) -> str:
     return f"{cpus or '?'} CPU{'s' if cpus != 1 else ''} usable"
 
 
+def the_change(trainer: TrainerSnapshot, findings: list[Finding], plan: Plan | None) -> str:
+    """The one change to make for this trainer, with its predicted effect: the plan's, which
+    every finding's change is a slice of; else the most fundamental finding's own (a setting
+    the plan does not size, pin_memory). Empty when no finding asks for a change."""
+    mine = [f for f in findings if f.trainer_pid in (None, trainer.pid) and f.change]
+    if not mine:
+        return ""
+    if plan is not None and plan.change("workers", "threads", "shm"):
+        return plan.sentence()
+    return mine[0].suggestion
+
+
 class HeaderPanel(Panel):
     def render_for(self, snap: Snapshot, trainer: TrainerSnapshot | None, findings: list[Finding],
-                   paused: bool, live: bool, index: int, count: int) -> None:
+                   paused: bool, live: bool, index: int, count: int, plan: Plan | None = None) -> None:
         width = max(40, self.size.width or 80)
         top = Text()
         top.append(" loadertop ", style="bold reverse")
@@ -99,7 +112,10 @@ class HeaderPanel(Panel):
             line.append("   REPLAY", style="bold cyan")
         top.truncate(width)
         line.truncate(width)
-        self.show(Text("\n").join([top, line]))
+        change = the_change(trainer, findings, plan)
+        todo = Text(" → " + change, style="bold green") if change else Text(" no change to make", style="dim")
+        todo.truncate(width, overflow="ellipsis")
+        self.show(Text("\n").join([top, line, todo]))
 
 
 class HistoryPanel(Panel):
