@@ -13,14 +13,14 @@ Time is in units of the current step, so the measured shares are the model's ter
 - the trainer can get `K` CPUs (affinity, quota, other jobs: measure.CpuBudget).
 
 Three bounds then cap the steps per unit of time: n' workers deliver at most n'/b0', the
-CPUs run at most K / (m + c) steps, and the main process at most 1/s0, where s0 grows by the
-time it waits for a CPU, in proportion to the workers' CPU load at the predicted rate. Where two bounds are
-close, the real rate is lower than either (workers and the loop wait for each other, and a
-CPU idles in the gaps), so the rate is their soft minimum, (Σ bound^-P)^(-1/P), not the hard
+CPUs run at most K / (m + c) steps, and the main process at most 1/s0, less where its
+compute shares a CPU with busy workers (_main_among_workers). Where two bounds are close,
+the real rate is lower than either (workers and the loop wait for each other, and a CPU
+idles in the gaps), so the rate is their soft minimum, (Σ bound^-P)^(-1/P), not the hard
 one; P was fitted on bench/advice.py's real jobs (docs/BENCHMARKS.md). Where the workers
-already queue for CPUs (throttled, oversubscribed) there are no gaps: the CPU bound is hard. Worker thread pools
-that outnumber the CPUs waste what exceeds them (spinning): one thread per worker keeps
-only the useful share of their CPU.
+already queue for CPUs (throttled, oversubscribed) there are no gaps: the CPU bound is hard.
+Worker thread pools that outnumber the CPUs waste what exceeds them (spinning): one thread
+per worker keeps only the useful share of their CPU.
 
 Pure functions; no I/O.
 """
