@@ -16,12 +16,13 @@ import argparse
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tick_cost import timed  # noqa: E402  (bench/ is the script's folder)
+
 from loadertop.probes import procfs  # noqa: E402
 
 
@@ -43,15 +44,6 @@ def with_psutil(procs: list[psutil.Process]) -> None:
             p.num_ctx_switches()
 
 
-def fastest(fn, *args, calls: int = 5) -> float:
-    best = float("inf")
-    for _ in range(calls):
-        started = time.perf_counter()
-        fn(*args)
-        best = min(best, time.perf_counter() - started)
-    return best
-
-
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--processes", type=int, default=32)
@@ -65,8 +57,8 @@ def main() -> int:
         procs = [psutil.Process(pid) for pid in pids]
         times: dict[str, list[float]] = {"raw /proc": [], "psutil oneshot": []}
         for _ in range(args.rounds):
-            times["raw /proc"].append(fastest(raw, pids, files))
-            times["psutil oneshot"].append(fastest(with_psutil, procs))
+            times["raw /proc"].append(timed(raw, pids, files, repeat=5))
+            times["psutil oneshot"].append(timed(with_psutil, procs, repeat=5))
         per = {k: statistics.median(v) / len(pids) * 1e6 for k, v in times.items()}
         for name, us in per.items():
             print(f"{name:<16} {us:6.1f} µs a process")
