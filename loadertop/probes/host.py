@@ -46,8 +46,7 @@ class _Owner:
 
 def _owners(known: dict[int, tuple[int, ...]] | None = None) -> dict[int, _Owner]:
     """Trainer pid -> its live DataLoader workers and their CPU ticks, for every loader on the
-    machine (a scan by worker comm: one stat read a process). A worker's trainer is its
-    parent, or the fork server's parent with the forkserver start method.
+    machine (a scan by worker comm: one stat read a process).
 
     `known`: workers of watched trainers recognised otherwise (the hook's pids, a stack dump):
     torchdata's workers do not carry torch's name, and only a watched trainer can tell them."""
@@ -59,45 +58,40 @@ def _owners(known: dict[int, tuple[int, ...]] | None = None) -> dict[int, _Owner
         st = procfs.read_stat(int(name))
         if st is None or st.comm != WORKER_COMM or st.state == "Z":
             continue
-        owner = st.ppid
-        try:
-            args = procfs.cmdline(owner) or []
-        except PermissionError:
-            args = []
-        if is_fork_server(args):
-            parent = procfs.read_stat(owner)
-            owner = parent.ppid if parent else owner
+        owner = _trainer_of(st)
         if owner not in python:
             python[owner] = _is_python(owner)
         if not python[owner]:
             continue  # a comm anyone can set: a worker counts only under a Python trainer
-        if owner not in owners:
-            owners[owner] = _new_owner(owner)
-        owners[owner].workers += 1
-        owners[owner].ticks += st.cpu_ticks
+        _count(owners, owner, st)
     for trainer, pids in (known or {}).items():
         for pid in pids:
             st = procfs.read_stat(pid)
-            if st is None or st.comm == WORKER_COMM or st.state == "Z" or not _under(st, trainer):
+            if st is None or st.comm == WORKER_COMM or st.state == "Z" or _trainer_of(st) != trainer:
                 continue  # named ones were counted above; a gone or reused pid is not a worker
-            if trainer not in owners:
-                owners[trainer] = _new_owner(trainer)
-            owners[trainer].workers += 1
-            owners[trainer].ticks += st.cpu_ticks
+            _count(owners, trainer, st)
     return owners
 
 
-def _new_owner(pid: int) -> _Owner:
-    main = procfs.read_stat(pid)
-    return _Owner(0, main.cpu_ticks if main else 0, main.start_ticks if main else 0)
+def _count(owners: dict[int, _Owner], trainer: int, worker: procfs.Stat) -> None:
+    if trainer not in owners:
+        main = procfs.read_stat(trainer)
+        owners[trainer] = _Owner(0, main.cpu_ticks if main else 0, main.start_ticks if main else 0)
+    owners[trainer].workers += 1
+    owners[trainer].ticks += worker.cpu_ticks
 
 
-def _under(st: procfs.Stat, trainer: int) -> bool:
-    """st is the trainer's child, or its fork server's."""
-    if st.ppid == trainer:
-        return True
-    parent = procfs.read_stat(st.ppid)
-    return parent is not None and parent.ppid == trainer
+def _trainer_of(worker: procfs.Stat) -> int:
+    """A worker's trainer: its parent, or the fork server's parent with the forkserver start
+    method."""
+    try:
+        args = procfs.cmdline(worker.ppid) or []
+    except PermissionError:
+        args = []
+    if is_fork_server(args):
+        parent = procfs.read_stat(worker.ppid)
+        return parent.ppid if parent else worker.ppid
+    return worker.ppid
 
 
 def _is_python(pid: int) -> bool:
