@@ -69,8 +69,18 @@ def _config(loader) -> dict:
         "iterable": any(c.__name__ == "IterableDataset" for c in type(dataset).__mro__) if dataset is not None
         else None,
         "multiprocessing_context": getattr(ctx, "_name", None) or (str(ctx) if ctx is not None else None),
+        "dispatched": _dispatched(loader),
         "worker_pids": [],
     }
+
+
+def _dispatched(loader) -> bool:
+    """Accelerate's DataLoaderDispatcher on a rank other than 0: rank 0 loads this rank's
+    batches and sends them, so this loop's wait is for rank 0, not for a loader of its own."""
+    if type(loader).__name__ != "DataLoaderDispatcher":
+        return False
+    rank = getattr(getattr(loader, "state", None), "process_index", 0)
+    return isinstance(rank, int) and rank != 0
 
 
 def _worker_pids(iterator) -> list[int]:
@@ -264,7 +274,9 @@ class WatchedLoader:
 
     def __init__(self, loader, name: str | None = None, directory: str = DIRECTORY) -> None:
         self._loader = loader
-        self._pub = publisher(name or f"loader{next(_names)}", _config(loader), directory)
+        self._name = name or f"loader{next(_names)}"
+        self._directory = directory
+        self._pub = publisher(self._name, _config(loader), directory)
 
     def __iter__(self):
         it = iter(self._loader)
@@ -280,20 +292,8 @@ class WatchedLoader:
 
 def watch(loader, name: str | None = None, directory: str = DIRECTORY):
     """Wrap a DataLoader so that loadertop reads its exact data wait. Returns the wrapper."""
-    _warn_before_prepare(loader)
+    if "accelerate.accelerator" in sys.modules:
+        from .hook_accelerate import teach  # here: it needs WatchedLoader, defined above
+
+        teach()  # accelerator.prepare(watched) then shards the loader and keeps it watched
     return WatchedLoader(loader, name, directory)
-
-
-_ACCELERATE_LOADERS = ("DataLoaderShard", "DataLoaderDispatcher")
-
-
-def _warn_before_prepare(loader) -> None:
-    """Accelerate's prepare() passes what is not a DataLoader (our wrapper) through as it is:
-    unsharded across ranks. Watching the loader prepare() returns is the order that works.
-    Said where an Accelerator exists in this process (its shared state is set)."""
-    state = sys.modules.get("accelerate.state")
-    in_use = bool(getattr(getattr(state, "PartialState", None), "_shared_state", None))
-    if in_use and type(loader).__name__ not in _ACCELERATE_LOADERS:
-        warnings.warn("loadertop.watch: with Accelerate, watch the loader accelerator.prepare() returns "
-                      "(loader = loadertop.watch(accelerator.prepare(loader))): prepare() does not shard a "
-                      "watched loader", RuntimeWarning, stacklevel=3)

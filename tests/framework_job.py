@@ -5,7 +5,8 @@ stay free. It writes the loop's own measure of its data wait, as loadertop.demo_
 {"log": [[epoch time, waited s, elapsed s, steps], ...]}.
 
 --hook: the framework's loadertop form (watch() for StatefulDataLoader and Accelerate, the
-callbacks for Lightning and the Hugging Face Trainer). --dispatch (Accelerate, under torchrun):
+callbacks for Lightning and the Hugging Face Trainer); --hook-rank R under torchrun: on rank R only.
+--dispatch (Accelerate, under torchrun):
 rank 0 loads every rank's batches and broadcasts them; each rank writes --ready and --truth
 with ".RANK" appended.
 """
@@ -123,9 +124,14 @@ def accelerate(args, truth: Truth) -> None:
         accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(dispatch_batches=True))
     else:
         accelerator = Accelerator(cpu=True)
-    train = accelerator.prepare(loader(DataLoader, args))
-    if args.hook:
-        train = loadertop.watch(train, name="train")
+    # Prepared with a model, as a script does (the same calls on every rank: a model's
+    # preparation is collective). Watched first: prepare() must still shard the loader, and
+    # hand it back watched.
+    train = loader(DataLoader, args)
+    model, train = accelerator.prepare(torch.nn.Linear(256, 1), loadertop.watch(train, name="train")
+                                       if args.hook else train)
+    prepared = type(getattr(train, "_loader", train)).__name__
+    assert prepared in ("DataLoaderShard", "DataLoaderDispatcher"), f"prepare() left a {prepared} unprepared"
     run_plain_loop(train, truth, args.step_ms)
 
 
@@ -227,6 +233,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--framework", choices=["stateful", "lightning", "accelerate", "huggingface"], required=True)
     p.add_argument("--hook", action="store_true")
+    p.add_argument("--hook-rank", type=int, help="under torchrun: the framework's loadertop form on this rank only")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--sleep-ms", type=float, default=10.0)
@@ -241,6 +248,7 @@ def main() -> None:
     if rank is not None:  # under torchrun: one file of each kind per rank
         args.ready = args.ready and f"{args.ready}.{rank}"
         args.truth = args.truth and f"{args.truth}.{rank}"
+        args.hook = args.hook or args.hook_rank == int(rank)
     torch.set_num_threads(1)
     run = {"stateful": stateful, "lightning": lightning, "accelerate": accelerate, "huggingface": huggingface}
     run[args.framework](args, Truth(args))

@@ -82,9 +82,11 @@ def test_a_rank_waiting_for_accelerates_dispatch_is_sent_to_rank_0(job):
     # dispatch_batches: rank 0 loads every rank's batch (two a step, 80 ms each on its one
     # worker) and broadcasts it; rank 1 waits in the broadcast. Rank 1's own loader is not
     # what it waits on: its finding sends the change to rank 0, and proposes none of its own.
+    # Rank 1 watches its loader (before prepare(), which must keep it watched), rank 0 does not:
+    # the hook and py-spy each have to see the dispatch.
     if importlib.util.find_spec("accelerate") is None:
         pytest.skip("needs accelerate (the test extras)")
-    j = job("--framework", "accelerate", "--dispatch", *FLAGS, module="framework_job", env=ENV,
+    j = job("--framework", "accelerate", "--dispatch", "--hook-rank", "1", *FLAGS, module="framework_job", env=ENV,
             cmd=[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"])
     j.wait_ready(timeout=120, suffix=".0")
     j.wait_ready(timeout=60, suffix=".1")
@@ -94,6 +96,7 @@ def test_a_rank_waiting_for_accelerates_dispatch_is_sent_to_rank_0(job):
     ranks = {t["rank"]: t for t in report["trainers"]}
     assert set(ranks) == {0, 1}, [(t["pid"], t["rank"]) for t in report["trainers"]]
     waiting = ranks[1]
+    assert (waiting["data_wait"]["source"], ranks[0]["data_wait"]["source"]) == ("hook", "py-spy")
     assert waiting["data_wait"]["dispatched_fraction"] >= 0.5 * waiting["data_wait_fraction"], waiting["data_wait"]
     assert waiting["plan"]["cause"] == "dispatched", waiting["plan"]
     (finding,) = [f for f in report["findings"] if f["trainer_pid"] == waiting["pid"] and f["id"] == "input_bound"]

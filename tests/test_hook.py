@@ -77,24 +77,56 @@ def test_state_dict_and_load_state_dict_go_through_the_wrapper(tmp_path):
     assert list(resumed) == [3]
 
 
-def test_watching_before_accelerate_prepares_the_loader_warns(tmp_path, monkeypatch):
-    # prepare() passes a watched loader through unsharded: the order that works is
-    # watch(prepare(loader)), and a loader prepare() returned draws no warning.
-    import types
+ACCELERATE_SCRIPT = """
+import json, os, sys, warnings
+import torch
+import loadertop  # before Accelerate: nothing to teach yet
+from accelerate import Accelerator
+from torch.utils.data import DataLoader
+from loadertop.hook import WatchedLoader, hook_path
+from loadertop.probes.hooks import read_hook
 
-    state = types.ModuleType("accelerate.state")
-    state.PartialState = type("PartialState", (), {"_shared_state": {"device": "cpu"}})  # an Accelerator exists
-    monkeypatch.setitem(sys.modules, "accelerate.state", state)
+warnings.simplefilter("error")
+folder = sys.argv[1]
+accelerator = Accelerator(cpu=True)
+# watch() inside the first prepare() call: the bound prepare() is Accelerate's own, untaught.
+model, train = accelerator.prepare(torch.nn.Linear(1, 1), loadertop.watch(DataLoader(list(range(8)), batch_size=2),
+                                                                          name="train", directory=folder))
+evaluation = loadertop.watch(DataLoader(list(range(4)), batch_size=2), name="eval", directory=folder)
+assert [b.tolist() for b in evaluation][0] == [0, 1]  # an epoch before prepare()
+alone = accelerator.prepare(evaluation)  # one object: one back
+skipped = accelerator.skip_first_batches(train, 1)
+plain = accelerator.prepare(DataLoader(list(range(4))))  # no watched loader: Accelerate's own answer
+print(json.dumps({
+    "watched": [isinstance(x, WatchedLoader) for x in (train, alone, skipped, plain)],
+    "inside": [type(x._loader).__name__ for x in (train, alone, skipped)],
+    "plain": type(plain).__name__,
+    "model": type(model).__name__,
+    "epochs": [len(list(train)), len(list(skipped)), len(list(alone))],
+    "prepared": train._loader in accelerator._dataloaders,
+    "batches": {n: read_hook(hook_path(os.getpid(), n, folder))["batches"] for n in ("train", "eval")},
+    "files": len(os.listdir(folder)),
+}))
+"""
 
-    class DataLoaderShard(Loader):
-        pass
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        lt.watch(DataLoaderShard([1]), name="prepared", directory=str(tmp_path))
-        assert caught == []
-        lt.watch(Loader([1]), name="raw", directory=str(tmp_path))
-    assert len(caught) == 1 and "accelerator.prepare()" in str(caught[0].message)
+def test_accelerates_prepare_shards_a_watched_loader_and_keeps_it_watched(tmp_path):
+    # prepare() rebuilds the loaders it is given and used to pass a watched one (not a
+    # DataLoader) through unsharded. Watched before prepare(), or inside its call: the loader
+    # comes back prepared by Accelerate and still watched, its figures going on in the same file.
+    pytest.importorskip("accelerate")
+    r = subprocess.run([sys.executable, "-c", ACCELERATE_SCRIPT, str(tmp_path)], capture_output=True, text=True,
+                       timeout=120, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["watched"] == [True, True, True, False], out
+    assert out["inside"] == ["DataLoaderShard"] * 3 and out["plain"] == "DataLoaderShard", out
+    assert out["model"] == "Linear" and out["prepared"], out  # the model prepared beside it, as without loadertop
+    assert out["epochs"] == [4, 3, 2], out  # skip_first_batches skipped one batch
+    # One file a name, the figures going on through prepare() and skip_first_batches:
+    # train 4 + 3 skipping one, eval 2 before prepare() and 2 after.
+    assert out["files"] == 2 and out["batches"] == {"train": 7, "eval": 4}, out
+    assert list(tmp_path.iterdir()) == []  # gone with the script
 
 
 def test_errors_from_the_loader_pass_through(tmp_path):

@@ -76,6 +76,7 @@ def parse_config(blob: bytes) -> dict:
         "persistent_workers": _bool(raw.get("persistent_workers"), "persistent_workers"),
         "dataset_class": _str(raw.get("dataset_class"), "dataset_class"),
         "iterable": _bool(raw.get("iterable"), "iterable"),
+        "dispatched": _bool(raw.get("dispatched"), "dispatched"),
         "multiprocessing_context": _str(raw.get("multiprocessing_context"), "multiprocessing_context", 64),
         "worker_pids": [_int(p, "a worker pid", low=1) for p in pids],
     }
@@ -210,7 +211,7 @@ class HookReader:
             return None
         per_loader = self._readings.setdefault(key, {})
         self.configs[key] = {h["name"]: {**h["config"], "batch_bytes": h["batch_bytes"]} for h in hooks}
-        waited = batches = 0.0
+        waited = batches = dispatched = 0.0
         span = 0.0
         stalled = 0.0
         rates = []
@@ -224,6 +225,8 @@ class HookReader:
                 readings.popleft()
             first, last = readings[0], readings[-1]
             waited += last[1] - first[1]
+            if h["config"].get("dispatched"):
+                dispatched += last[1] - first[1]
             batches += last[2] - first[2]
             span = max(span, last[0] - first[0])
             if last[0] > first[0]:
@@ -236,7 +239,8 @@ class HookReader:
                         samples=int(batches), window_s=span, stalled_for_s=stalled, source="hook",
                         # The training loop's steps: its busiest loader's batches.
                         steps_per_s=max(rates) if rates else None,
-                        iterable=True if True in iterable else (False if iterable else None))
+                        iterable=True if True in iterable else (False if iterable else None),
+                        dispatched_fraction=min(1.0, dispatched / span) if dispatched else None)
 
     def notices(self) -> tuple[Notice, ...]:
         return tuple(self._notices.values())
