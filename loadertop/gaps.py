@@ -13,9 +13,10 @@ from .hook import _config, _Publisher, _worker_pids, publisher
 class FetchGaps:
     """One loader kind's fetch gaps, published as a watched loader's waits."""
 
-    def __init__(self, name: str, directory: str) -> None:
+    def __init__(self, name: str, directory: str, loop: str) -> None:
         self.name = name
         self.directory = directory
+        self.loop = loop  # the framework whose callbacks these are
         self.pub: _Publisher | None = None
         self.fetching_since: int | None = None  # perf_counter_ns when the loop began to fetch
         self.new_iterator = False  # an epoch began: its first batch tells the workers
@@ -23,7 +24,7 @@ class FetchGaps:
     def start(self, loader, new_iterator: bool = False) -> None:
         """The loop starts fetching (an epoch, a validation run, the step after one)."""
         if self.pub is None:
-            self.pub = publisher(self.name, _config(first_loader(loader)), self.directory)
+            self.pub = publisher(self.name, {**_config(first_loader(loader)), "loop": self.loop}, self.directory)
         self.new_iterator = self.new_iterator or new_iterator
         self.fetching_since = time.perf_counter_ns()
         self.pub.entering()

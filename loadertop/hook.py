@@ -70,8 +70,18 @@ def _config(loader) -> dict:
         else None,
         "multiprocessing_context": getattr(ctx, "_name", None) or (str(ctx) if ctx is not None else None),
         "dispatched": _dispatched(loader),
+        "loop": _loop_of(loader),
         "worker_pids": [],
     }
+
+
+# The framework a loader's class comes from: its settings are written in that framework's terms.
+_LOOP_PACKAGES = {"accelerate": "accelerate", "torchdata": "torchdata", "lightning": "lightning",
+                  "pytorch_lightning": "lightning", "transformers": "huggingface"}
+
+
+def _loop_of(loader) -> str | None:
+    return _LOOP_PACKAGES.get(type(loader).__module__.split(".")[0])
 
 
 def _dispatched(loader) -> bool:

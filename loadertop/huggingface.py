@@ -20,7 +20,7 @@ class LoadertopCallback(TrainerCallback):
     """Publishes the training loader's data wait for loadertop to read."""
 
     def __init__(self, directory: str = DIRECTORY) -> None:
-        self.train = FetchGaps("train", directory)
+        self.train = FetchGaps("train", directory, "huggingface")
 
     def on_epoch_begin(self, args, state, control, train_dataloader=None, **kwargs):
         self.train.start(train_dataloader, new_iterator=True)

@@ -22,8 +22,8 @@ class LoadertopCallback(Callback):
     """Publishes the train and validation loaders' data wait for loadertop to read."""
 
     def __init__(self, directory: str = DIRECTORY) -> None:
-        self.train = FetchGaps("train", directory)
-        self.val = FetchGaps("val", directory)
+        self.train = FetchGaps("train", directory, "lightning")
+        self.val = FetchGaps("val", directory, "lightning")
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self.train.start(trainer.train_dataloader, new_iterator=True)

@@ -98,6 +98,10 @@ class GpuSnapshot:
     process_pids: tuple[int, ...] = ()  # host pids that hold a context on this GPU
 
 
+# Frameworks whose loops loadertop recognises: the advice names their own settings.
+LOOP_NAMES = ("huggingface", "lightning", "accelerate", "torchdata")
+
+
 @dataclass(frozen=True)
 class DataWait:
     """Where the trainer's main thread spent a window of stack samples."""
@@ -114,6 +118,9 @@ class DataWait:
     iterable: bool | None = None  # the loop reads an IterableDataset
     # Of the wait, waiting for another rank to send this rank's batch (Accelerate's dispatcher).
     dispatched_fraction: float | None = None
+    # The framework whose loop fetches the batches (huggingface | lightning | accelerate |
+    # torchdata), where frames or the hook show it: the settings are written in its terms.
+    loop: str | None = None
 
 
 @dataclass(frozen=True)

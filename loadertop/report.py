@@ -128,6 +128,7 @@ def _trainer(last: TrainerSnapshot, snaps: Sequence[Snapshot], plan: Plan | None
             "window_s": dw.window_s,
             "stalled_for_s": dw.stalled_for_s,
             "source": dw.source,
+            "loop": dw.loop,
             **({"dispatched_fraction": dw.dispatched_fraction} if dw.dispatched_fraction is not None else {}),
         },
         "loaders": [

@@ -414,6 +414,8 @@ class Sampler:
             main = dw.fraction * sampled.main_process_fraction / sampled.fraction
             dw = replace(dw, main_process_fraction=main, worker_wait_fraction=dw.fraction - main,
                          breakdown=sampled.breakdown, iterable=dw.iterable or sampled.iterable)
+        if sampled is not None and dw.loop is None:
+            dw = replace(dw, loop=sampled.loop)  # watch(loader) in a framework's loop: its frames say which
         loaders = self.hooks.loaders(t.pid, t.started_at, tuple(w.pid for w in t.workers)) or t.loaders
         return replace(t, data_wait=dw, loaders=loaders, main=replace(t.main, doing=main_doing(dw)))
 

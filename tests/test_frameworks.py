@@ -23,6 +23,10 @@ PACKAGES = {"stateful": "torchdata.stateful_dataloader", "lightning": "lightning
 # How the single worker is recognised: torchdata's workers do not carry torch's thread name.
 FOUND_BY = {"stateful": ({"stack"}, {"hook", "stack"}), "lightning": ({"name"}, {"name"}),
             "accelerate": ({"name"}, {"name"}), "huggingface": ({"name"}, {"name"})}  # (without, with the hook)
+# The loop each runs in, as its frames or its loadertop form say, and where its change is written.
+LOOP = {"stateful": "torchdata", "lightning": "lightning", "accelerate": "accelerate", "huggingface": "huggingface"}
+SECTION = {"stateful": "DataLoader", "lightning": "DataLoader", "accelerate": "DataLoader",
+           "huggingface": "TrainingArguments"}
 
 
 def _truth_over(truth: dict, window_s: float) -> float:
@@ -55,7 +59,7 @@ def test_each_framework_loop_is_found_measured_and_flagged(job, tmp_path, framew
     report = json.loads(r.stdout)
     truths = {j.pid: j.truth() for j in jobs.values()}
     by_pid = {t["pid"]: t for t in report["trainers"]}
-    flagged = {f["trainer_pid"] for f in report["findings"] if f["id"] == "input_bound"}
+    flagged = {f["trainer_pid"]: f for f in report["findings"] if f["id"] == "input_bound"}
     for (framework, hook), j in jobs.items():
         what = f"{framework}{' with the hook' if hook else ''}"
         t = by_pid[j.pid]
@@ -66,6 +70,9 @@ def test_each_framework_loop_is_found_measured_and_flagged(job, tmp_path, framew
         expected = _truth_over(truths[j.pid], dw["window_s"])
         assert abs(dw["fraction"] - expected) <= 0.05, (what, dw["fraction"], expected)
         assert j.pid in flagged, (what, t["verdict"], [f for f in report["findings"] if f["trainer_pid"] == j.pid])
+        assert dw["loop"] == LOOP[framework], (what, dw)
+        change = flagged[j.pid]["change"] or {}
+        assert set(change) - {"dataset"} == {SECTION[framework]}, (what, flagged[j.pid])
     # The machine-wide count (what CPU sharing between jobs is judged by) has every watched
     # worker, torchdata's unnamed ones too.
     assert report["host"]["dataloader_workers"] >= len(jobs), report["host"]

@@ -13,6 +13,7 @@ from synth import T0, TRAINER, data_wait, gpu, host, process, replace, snapshot,
 from loadertop.model import DataWait, LoaderConfig, ShmSnapshot
 from loadertop.rules import diagnose_with_plans
 from loadertop.rules import thresholds as T
+from loadertop.rules.loops import loader_call, loader_change
 from loadertop.rules.throughput import Setting, predict, softmin, terms
 from loadertop.verdict import verdict
 
@@ -80,6 +81,35 @@ def test_lightning_shape_one_worker_and_a_light_main_process_gets_more_workers()
     assert changes(findings)["DataLoader"]["num_workers"] in (2, 3)
     assert 0.3 <= plan.gain <= 1.0
     assert "more workers will not help" not in " ".join(f.suggestion for f in findings)
+
+
+@pytest.mark.parametrize("loop,section,key,says", [
+    (None, "DataLoader", "num_workers", "DataLoader(num_workers=1 -> "),
+    ("huggingface", "TrainingArguments", "dataloader_num_workers", "TrainingArguments(dataloader_num_workers=1 -> "),
+    ("lightning", "DataLoader", "num_workers", "in train_dataloader()"),
+    ("accelerate", "DataLoader", "num_workers", "given to accelerator.prepare()"),
+    ("torchdata", "DataLoader", "num_workers", "StatefulDataLoader(num_workers=1 -> "),
+])
+def test_the_change_is_written_where_the_loops_user_writes_it(loop, section, key, says):
+    # The Hugging Face Trainer builds its loaders from TrainingArguments: a DataLoader change
+    # there is one the user cannot make. The plan, and every finding from it, says it its way.
+    dw = replace(data_wait(0.77), loop=loop)
+    h = story(30, lambda t: snapshot(t, [trainer(workers=1, worker_cpu=95.0, wait=dw, usable=2, cpu_set=(0, 1),
+                                                 cpus_busy=1.25, main=process(TRAINER, 27.0))], host(2, cpu=62.0)))
+    findings, plan = plan_of(h)
+    change = changes(findings)
+    assert set(change) - {"dataset"} == {section}, change
+    assert change[section][key] in (2, 3)
+    (bound,) = [f for f in findings if f.id == "input_bound"]
+    assert says in bound.suggestion, bound.suggestion
+    assert plan.as_dict()["change"] == change
+
+
+def test_a_change_the_trainer_cannot_take_from_its_arguments_stays_a_dataloader_one():
+    assert loader_change("huggingface", {"worker_init_fn": "f"}) == {"DataLoader": {"worker_init_fn": "f"}}
+    assert loader_call("huggingface", ["worker_init_fn=f"]) == "DataLoader(worker_init_fn=f)"
+    assert loader_change("huggingface", {"persistent_workers": True}) == {
+        "TrainingArguments": {"dataloader_persistent_workers": True}}
 
 
 def test_quota_throttled_workers_are_not_waiting_on_io_and_get_no_more():

@@ -14,6 +14,7 @@ from jobs import loadertop
 from test_isolation import SYSTEM_PYTHON, _nobody_can_run_system_python, world_readable_loadertop  # noqa: F401
 from test_snapshot_cli import SCHEMA, only_trainer
 
+from loadertop.model import LOOP_NAMES
 from loadertop.probes import pyspy, stacks
 from loadertop.probes.pyspy import MAIN, WAIT, classify_main, parse_dump, parse_raw
 from loadertop.probes.stacks import error_notice
@@ -108,11 +109,36 @@ def test_a_rank_waiting_for_accelerates_dispatch_is_data_wait_told_apart():
         return "".join(f"thread (7): MainThread;{';'.join(frames)} {n}\n" for frames, n in stacks)
 
     waiting = parse_raw(raw([(rank1, 60), (compute, 40)]), 7)
-    assert waiting == {WAIT: 60, pyspy.DISPATCHED: 60, "forward": 40}
+    assert waiting == {WAIT: 60, pyspy.DISPATCHED: 60, "forward": 40, "loop accelerate": 60}
     dw = pyspy.data_wait_from_counts(waiting, 10.0, 0.0)
     assert dw.fraction == pytest.approx(0.6) and dw.dispatched_fraction == pytest.approx(0.6)
+    assert dw.loop == "accelerate"
     loading = pyspy.data_wait_from_counts(parse_raw(raw([(rank0, 60), (compute, 40)]), 7), 10.0, 0.0)
     assert loading.fraction == pytest.approx(0.6) and loading.dispatched_fraction is None
+
+
+HF_TRAINER = ["Trainer.train (transformers/trainer.py:2245)",
+              "Trainer._inner_training_loop (transformers/trainer.py:2556)"]
+LIGHTNING_FIT = ["_FitLoop.run (lightning/pytorch/loops/fit_loop.py:216)",
+                 "_PrefetchDataFetcher.__next__ (lightning/pytorch/loops/fetchers.py:134)"]
+SHARD = ["DataLoaderShard.__iter__ (accelerate/data_loader.py:577)"]
+
+
+@pytest.mark.parametrize("outer,loop", [
+    ([], None),  # a loop and a loader of the script's own
+    (SHARD, "accelerate"),  # the script's own loop over a loader Accelerate prepared
+    ([*HF_TRAINER, *SHARD], "huggingface"),  # it fetches through Accelerate: the outer loop counts
+    (LIGHTNING_FIT, "lightning"),
+])
+def test_the_loop_a_loader_runs_in_is_read_from_its_frames(outer, loop):
+    # A sample in compute shows only the frames outside the fetch.
+    fetch = [*ROOT, *outer, NEXT, "Queue.get (multiprocessing/queues.py:113)"]
+    compute = [*ROOT, *(f for f in outer if f not in SHARD), "Module._wrapped_call_impl (torch/nn/modules/module.py:1778)"]
+    raw = f"thread (7): MainThread;{';'.join(fetch)} 30\nthread (7): MainThread;{';'.join(compute)} 70\n"
+    dw = pyspy.data_wait_from_counts(parse_raw(raw, 7), 10.0, 0.0)
+    assert dw.fraction == pytest.approx(0.3)  # the loops' own counts are not samples of a category
+    assert dw.loop == loop
+    assert [name for name, _ in pyspy.LOOPS] == list(LOOP_NAMES)
 
 
 def test_captured_dump_gives_worker_arguments():

@@ -18,7 +18,7 @@ from collections import deque
 
 from .. import notices as N
 from ..hook import CONFIG_AT, HEADER, MAGIC, SIZE
-from ..model import DataWait, LoaderConfig, Notice
+from ..model import LOOP_NAMES, DataWait, LoaderConfig, Notice
 from . import procfs
 
 # Listing /dev/shm is not for every tick: with torch's file_system sharing strategy it holds
@@ -55,6 +55,13 @@ def _str(value, name: str, longest: int = 200) -> str | None:
     return value
 
 
+def _loop(value) -> str | None:
+    loop = _str(value, "loop", 32)
+    if loop is not None and loop not in LOOP_NAMES:
+        raise HookError(f"loop is {loop!r}, not one of {', '.join(LOOP_NAMES)}")
+    return loop
+
+
 def parse_config(blob: bytes) -> dict:
     """The hook's loader settings, every field checked; unknown fields dropped."""
     if not blob:
@@ -77,6 +84,7 @@ def parse_config(blob: bytes) -> dict:
         "dataset_class": _str(raw.get("dataset_class"), "dataset_class"),
         "iterable": _bool(raw.get("iterable"), "iterable"),
         "dispatched": _bool(raw.get("dispatched"), "dispatched"),
+        "loop": _loop(raw.get("loop")),
         "multiprocessing_context": _str(raw.get("multiprocessing_context"), "multiprocessing_context", 64),
         "worker_pids": [_int(p, "a worker pid", low=1) for p in pids],
     }
@@ -240,7 +248,8 @@ class HookReader:
                         # The training loop's steps: its busiest loader's batches.
                         steps_per_s=max(rates) if rates else None,
                         iterable=True if True in iterable else (False if iterable else None),
-                        dispatched_fraction=min(1.0, dispatched / span) if dispatched else None)
+                        dispatched_fraction=min(1.0, dispatched / span) if dispatched else None,
+                        loop=next((h["config"]["loop"] for h in hooks if h["config"].get("loop")), None))
 
     def notices(self) -> tuple[Notice, ...]:
         return tuple(self._notices.values())

@@ -20,7 +20,17 @@ ITERABLE = "iterable"  # of MAIN, samples in an IterableDataset's fetcher (not a
 # Of WAIT, samples waiting for another rank to send this rank's batch: Accelerate's
 # DataLoaderDispatcher (dispatch_batches) loads on rank 0 and broadcasts to every rank.
 DISPATCHED = "dispatched"
-SUBCOUNTS = (ITERABLE, DISPATCHED)  # counted again inside a category: not in a total
+# The framework whose loop the samples run in, by a file its frames show; the first that
+# matches (the Hugging Face Trainer fetches through Accelerate's loaders, Lightning can wrap
+# a StatefulDataLoader: the outer loop is the one whose settings the user writes).
+LOOPS = (
+    ("huggingface", ("transformers/trainer.py",)),
+    ("lightning", ("lightning/pytorch/loops/", "pytorch_lightning/loops/")),
+    ("accelerate", ("accelerate/data_loader.py",)),
+    ("torchdata", ("torchdata/stateful_dataloader/",)),
+)
+_LOOP_KEY = "loop "
+SUBCOUNTS = (ITERABLE, DISPATCHED, *(_LOOP_KEY + name for name, _ in LOOPS))  # not categories: not in a total
 BREAKDOWN = ("forward", "backward", "optimizer", "device_sync", "other")
 
 # Inside DataLoader.__next__, frames that are work in the main process, not waiting.
@@ -102,7 +112,18 @@ def parse_raw(text: str, main_tid: int) -> dict[str, int]:
             counts[ITERABLE] = counts.get(ITERABLE, 0) + int(count)
         if category == WAIT and not any(is_data_next(f) for f in frames):
             counts[DISPATCHED] = counts.get(DISPATCHED, 0) + int(count)
+        loop = loop_of(stack)
+        if loop is not None:
+            counts[_LOOP_KEY + loop] = counts.get(_LOOP_KEY + loop, 0) + int(count)
     return counts
+
+
+def loop_of(stack: str) -> str | None:
+    """The framework whose loop one sample's frames run in; None for a loop of the script's own."""
+    for name, files in LOOPS:
+        if any(f in stack for f in files):
+            return name
+    return None
 
 
 def data_wait_from_counts(counts: dict[str, int], window_s: float, stalled_for_s: float) -> DataWait:
@@ -110,6 +131,9 @@ def data_wait_from_counts(counts: dict[str, int], window_s: float, stalled_for_s
     if not total:
         return DataWait(None, None, None, (), 0, window_s, stalled_for_s)
     wait, main = counts.get(WAIT, 0), counts.get(MAIN, 0)
+    # The loop most samples ran in: a framework's loop shows in every sample (or every fetch)
+    # of it; a helper the script borrows from one shows now and then.
+    loops = {name: counts.get(_LOOP_KEY + name, 0) for name, _ in LOOPS}
     return DataWait(
         fraction=(wait + main) / total,
         worker_wait_fraction=wait / total,
@@ -120,6 +144,7 @@ def data_wait_from_counts(counts: dict[str, int], window_s: float, stalled_for_s
         stalled_for_s=stalled_for_s,
         iterable=True if counts.get(ITERABLE) else None,
         dispatched_fraction=counts[DISPATCHED] / total if counts.get(DISPATCHED) else None,
+        loop=max(loops, key=loops.__getitem__) if any(loops.values()) else None,
     )
 
 

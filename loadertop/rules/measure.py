@@ -73,6 +73,7 @@ class Measured:
     stalled_s: float  # continuously inside next() up to now
     steps_per_s: float | None  # where the hook counts batches
     iterable: bool | None
+    loop: str | None  # the framework whose loop runs the loader (DataWait.loop)
     main_cpu: float | None  # CPUs the main process uses (median over the window)
     main_runqueue: float  # seconds per second its threads wait to run
     main_busy_threads: float  # its threads doing real work
@@ -258,6 +259,7 @@ def measure(snap: Snapshot, trainer: TrainerSnapshot, window: Sequence[TrainerSn
         stalled_s=dw.stalled_for_s if dw else 0.0,
         steps_per_s=dw.steps_per_s if dw else None,
         iterable=(dw.iterable if dw else None) or (active.iterable if active else None),
+        loop=dw.loop if dw else None,
         main_cpu=median(main_cpu) if main_cpu else None,
         main_runqueue=mean_of(t.main.runqueue_wait_s_per_s for t in window) or 0.0,
         main_busy_threads=trainer.main.busy_threads or 1.0,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import thresholds as T
+from .loops import loader_call, loader_change
 from .measure import Measured
 from .throughput import Prediction, Setting, Terms, predict, terms
 
@@ -63,6 +64,7 @@ class Plan:
     evidence: dict = field(default_factory=dict, hash=False)
     iterable: bool | None = None
     cpus_text: str = ""
+    loop: str | None = None  # the framework whose loop runs the loader: the change in its terms
 
     @property
     def changes_workers(self) -> bool:
@@ -81,7 +83,7 @@ class Plan:
                     loader["persistent_workers"] = True
             if self.chosen.prefetch_factor != self.now.prefetch_factor and self.chosen.num_workers > 0:
                 loader["prefetch_factor"] = self.chosen.prefetch_factor
-            out["DataLoader"] = loader
+            out.update(loader_change(self.loop, loader))
             if self.loader:
                 out["dataset"] = self.loader
         if "threads" in parts and self.thread_change:
@@ -128,7 +130,7 @@ class Plan:
                     args.append("persistent_workers=True")
             if self.chosen.prefetch_factor != self.now.prefetch_factor and self.chosen.num_workers > 0:
                 args.append(f"prefetch_factor={self.now.prefetch_factor} -> {self.chosen.prefetch_factor}")
-            out.append(f"DataLoader({', '.join(args)})" + (f" for {self.loader}" if self.loader else ""))
+            out.append(loader_call(self.loop, args, self.loader))
         if "threads" in parts and self.thread_change:
             out.append(describe_threads(self.thread_change))
         if "shm" in parts and self.shm_size:
@@ -328,7 +330,8 @@ def make_plan(m: Measured, hung: bool = False) -> Plan:
                 "throttled_fraction": budget.throttled}
     thread_change = _env_limit(m) if cause == THREADS else None
     base: dict[str, Any] = dict(cause=cause, loader=lw.dataset_class if lw else None, now=now, wait_now=m.wait,
-                thread_change=thread_change, evidence=evidence, iterable=m.iterable, cpus_text=cpus_text)
+                thread_change=thread_change, evidence=evidence, iterable=m.iterable, cpus_text=cpus_text,
+                loop=m.loop)
     if cause in (STALLED, DISPATCHED, UNKNOWN) or t is None:
         pressure = bool(m.shm_total and m.shm_peak and m.shm_peak >= T.SHM_WARNING * m.shm_total)
         return Plan(chosen=_without_data_wait(m, now, cause), gain=None, wait_after=None, limit=None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from . import thresholds as T
 from .base import FINE, UNKNOWN, WARNING, Check, Context
+from .loops import loader_call, loader_change
 
 ID = "worker_respawn"
 
@@ -32,6 +33,6 @@ def check(ctx: Context) -> Check:
         f"{respawns} workers re-created in {seconds:.0f} s" + (f" (every ~{every:.0f} s)" if every else ""),
         evidence,
         "each epoch starts its workers again (dataset copied or re-imported, caches lost): "
-        "DataLoader(persistent_workers=True) keeps them alive across epochs",
-        change={"DataLoader": {"persistent_workers": True}},
+        f"{loader_call(ctx.measured.loop, ['persistent_workers=True'])} keeps them alive across epochs",
+        change=loader_change(ctx.measured.loop, {"persistent_workers": True}),
     )
