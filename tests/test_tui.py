@@ -4,17 +4,20 @@ report, a target that exits, and the 80x24 layout."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 from dataclasses import replace
 
 import pytest
-from synth import TRAINER, data_wait, host, snapshot, story, trainer
+from synth import TRAINER, data_wait, gpu, host, snapshot, story, trainer
+from textual.widgets import Sparkline, Static
 
 from loadertop.rules import diagnose
 from loadertop.tui.app import LoadertopApp
 from loadertop.tui.source import ScriptedSource
+from loadertop.tui.widgets.history import HistoryPanel, HistoryRow
 from loadertop.tui.widgets.panels import FindingsPanel, HeaderPanel, OverviewPanel
-from loadertop.tui.widgets.workers import WorkersTable
+from loadertop.tui.widgets.workers import TREND_AT, WorkersTable
 
 
 def starved(seconds: int = 20, exit_at: int | None = None, trainers: int = 1):
@@ -173,3 +176,69 @@ async def test_the_header_counts_the_cpus_a_quota_leaves_not_the_hosts():
         await wait_until(pilot, lambda: app.ended and app.ticks_shown > 0)
         header = text_of(app, HeaderPanel)
         assert "1 CPU usable (quota)" in header and "2 CPUs" not in header
+
+
+def moving(seconds: int = 40, with_gpu: bool = True):
+    """A trainer whose data wait climbs 10% -> 80% while its GPU empties; worker 0's CPU climbs too."""
+    def make(t):
+        wait = 0.1 + 0.7 * t / (seconds - 1)
+        tr = trainer(workers=2, worker_cpu=97.0, wait=wait, gpus=(0,) if with_gpu else ())
+        tr = replace(tr, workers=(replace(tr.workers[0], cpu_percent=10.0 + 2 * t), *tr.workers[1:]))
+        return snapshot(t, [tr], host(cpu=30.0 + t), gpus=[gpu(0, util=90.0 - 2 * t)] if with_gpu else [])
+
+    return story(seconds, make)
+
+
+async def test_history_draws_data_wait_gpu_and_host_cpu_on_one_time_axis_and_w_changes_the_window():
+    app = LoadertopApp(ScriptedSource(moving(), interval_s=0.005))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_until(pilot, lambda: app.ended and app.ticks_shown > 0)
+        await pilot.pause(0.1)
+        panel = app.query_one(HistoryPanel)
+        rows = {name: row for name, row in zip(("wait", "gpu", "cpu"), panel.query(HistoryRow), strict=True)}
+        assert all(row.display for row in rows.values())
+        lines = {name: list(row.query_one(Sparkline).data) for name, row in rows.items()}
+        # 40 s of a 5-minute window: the lines cover its last 40 s (the rest is before sampling
+        # began), all of the same length, and follow the story: wait up, GPU down, CPU up.
+        width = len(lines["wait"])
+        assert 0 < width < 40 and {len(v) for v in lines.values()} == {width}, lines
+        assert lines["wait"][0] < 0.3 and lines["wait"][-1] > 0.7
+        assert lines["gpu"][0] > 0.8 and lines["gpu"][-1] < 0.2
+        assert lines["cpu"] == sorted(lines["cpu"])
+        value = str(rows["wait"].query(Static).last().render())
+        assert value.split()[0] == "80%" and "range" in value, value
+        assert "last 5 min" in str(panel.query(Static).first().render())
+        # w: 15 minutes, the same 40 s now a third as wide; then 1 minute, two thirds of the width.
+        await pilot.press("w")
+        await pilot.pause(0.1)
+        assert "last 15 min" in str(panel.query(Static).first().render())
+        assert len(rows["wait"].query_one(Sparkline).data) < width
+        await pilot.press("w")
+        await pilot.pause(0.1)
+        assert "last 1 min" in str(panel.query(Static).first().render())
+        assert len(rows["wait"].query_one(Sparkline).data) > width
+        # Each worker's CPU as a trend: worker 0 climbs, worker 1 stays busy.
+        table = app.query_one(WorkersTable)
+        trends = {cells[0]: cells[TREND_AT] for cells in table.rows}
+        assert trends["w0"] == "".join(sorted(trends["w0"], key=" ▁▂▃▄▅▆▇█".index)) and trends["w0"] != trends["w1"]
+        assert set(trends["w1"]) == {"█"}
+        # The finding says when it began: the first snapshot it showed in.
+        findings = text_of(app, FindingsPanel)
+        began = min(panel_since for key, panel_since in app.query_one(FindingsPanel).since.items())
+        assert f"(since {datetime.datetime.fromtimestamp(began).strftime('%H:%M:%S')})" in findings
+
+
+async def test_no_gpu_no_gpu_line_and_80x24_folds_the_history_and_the_trend_away():
+    app = LoadertopApp(ScriptedSource(moving(with_gpu=False), interval_s=0.005))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_until(pilot, lambda: app.ended and app.ticks_shown > 0)
+        await pilot.pause(0.1)
+        wait, gpu_row, cpu = app.query(HistoryRow)
+        assert wait.display and cpu.display and not gpu_row.display
+    app = LoadertopApp(ScriptedSource(moving(with_gpu=False), interval_s=0.005))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: app.ended and app.ticks_shown > 0)
+        await pilot.pause(0.1)
+        assert app.query_one(HistoryPanel).styles.display == "none"
+        header = str(app.query_one(WorkersTable).query_one(Static).render()).splitlines()[0]
+        assert "TREND" not in header and header.rstrip().endswith("AGE"), header

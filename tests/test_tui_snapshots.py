@@ -4,7 +4,7 @@ Regenerate after an intended change: pytest tests/test_tui_snapshots.py --snapsh
 from __future__ import annotations
 
 import pytest
-from test_tui import starved, wait_until
+from test_tui import moving, starved, wait_until
 
 from loadertop.tui.app import LoadertopApp
 from loadertop.tui.source import ScriptedSource
@@ -23,4 +23,10 @@ def test_starved_screen(snap_compare, size):
 
 def test_two_trainers_screen(snap_compare):
     app = LoadertopApp(ScriptedSource(starved(20, trainers=2), interval_s=0.01))
+    assert snap_compare(app, terminal_size=(120, 36), run_before=_settle)
+
+
+def test_history_screen(snap_compare):
+    # Data wait climbing while the GPU empties: the history panel's three lines on one time axis.
+    app = LoadertopApp(ScriptedSource(moving(), interval_s=0.01))
     assert snap_compare(app, terminal_size=(120, 36), run_before=_settle)

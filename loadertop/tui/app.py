@@ -17,7 +17,8 @@ from textual.widgets import Footer
 
 from ..model import Finding, Snapshot
 from .source import LiveSource, ScriptedSource, Source
-from .widgets.panels import EventsPanel, FindingsPanel, HeaderPanel, HistoryPanel, OverviewPanel
+from .widgets.history import HistoryPanel
+from .widgets.panels import EventsPanel, FindingsPanel, HeaderPanel, OverviewPanel
 from .widgets.workers import WorkersTable
 
 COMPACT_HEIGHT = 30
@@ -44,6 +45,7 @@ class LoadertopApp(App):
         Binding("minus", "faster", "- interval", show=False),
         Binding("tab", "next_trainer", "next trainer", priority=True),
         Binding("o", "sort", "sort"),
+        Binding("w", "window", "history 1/5/15 min"),
         # Replay only: seek, step, speed.
         Binding("left", "seek(-10)", "back 10 s", show=False),
         Binding("right", "seek(10)", "forward 10 s", show=False),
@@ -138,6 +140,7 @@ class LoadertopApp(App):
         self.history.append(snap)
         self.query_one(HistoryPanel).record(snap)
         self.query_one(EventsPanel).record(snap)
+        self.query_one(FindingsPanel).record(snap, findings)
         for e in snap.events:
             if e.kind == "trainer_exited":
                 self.notify(f"trainer {e.pid} exited; its last data stays on screen (s saves a report)",
@@ -202,6 +205,11 @@ class LoadertopApp(App):
         self.notify(f"workers sorted by {order}")
         self.refresh_view()
 
+    def action_window(self) -> None:
+        seconds = self.query_one(HistoryPanel).cycle_window()
+        self.notify(f"history over the last {seconds // 60} min")
+        self.refresh_view()
+
     def _set_interval(self, step: int) -> None:
         if self.source is None:
             return
@@ -254,6 +262,9 @@ class LoadertopApp(App):
             history.record(snap)
             events.record(snap)
         self.snapshot, self.findings = prefix[-1], findings
+        findings_panel = self.query_one(FindingsPanel)
+        findings_panel.since.clear()  # a seek knows the findings at its end only: counted from there
+        findings_panel.record(prefix[-1], findings)
         self.ended = replay.position >= len(replay.snapshots)
         self.refresh_view()
         self.notify(f"snapshot {replay.position}/{len(replay.snapshots)}", timeout=2)

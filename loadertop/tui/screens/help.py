@@ -18,6 +18,7 @@ KEYS = (
     ("+ / -", "slower / faster sampling"),
     ("tab, 1-9", "next trainer / trainer N"),
     ("o", "sort workers by id, CPU, USS, RSS"),
+    ("w", "history over the last 1, 5 or 15 minutes"),
     ("← / →", "replay: back / forward 10 s"),
     (".", "replay: one snapshot forward (pauses)"),
     ("[ / ]", "replay: slower / faster"),

@@ -1,5 +1,5 @@
-"""The text panels: header with the verdict, history sparklines and bars, the trainers
-overview, findings and events. Each re-renders only when its text changed."""
+"""The text panels: header with the verdict and the change to make, the trainers overview,
+findings and events. Each re-renders only when its text changed."""
 
 from __future__ import annotations
 
@@ -15,23 +15,6 @@ from ...fields import human_age, human_bytes, human_percent
 from ...model import Event, Finding, Snapshot, TrainerSnapshot
 from ...rules.plan import Plan
 from ...verdict import verdict
-
-BLOCKS = " ▁▂▃▄▅▆▇█"
-
-
-def sparkline(values, width: int) -> str:
-    values = list(values)[-width:]
-    out = []
-    for v in values:
-        out.append("·" if v is None else BLOCKS[min(8, max(0, round(v * 8)))])
-    return "".join(out).rjust(width)
-
-
-def bar(fraction: float | None, width: int) -> str:
-    if fraction is None:
-        return "n/a".ljust(width)
-    filled = round(min(1.0, max(0.0, fraction)) * width)
-    return "█" * filled + "░" * (width - filled)
 
 
 class Panel(Static):
@@ -118,52 +101,6 @@ class HeaderPanel(Panel):
         self.show(Text("\n").join([top, line, todo]))
 
 
-class HistoryPanel(Panel):
-    """Data wait and GPU sparklines over the last minutes; host CPU and shm bars."""
-
-    def __init__(self, **kw) -> None:
-        super().__init__(**kw)
-        self.reset()
-
-    def reset(self) -> None:
-        self.wait: dict[int, deque] = {}
-        self.gpu: dict[int, deque] = {}
-        self.cpu: deque = deque(maxlen=300)
-
-    def record(self, snap: Snapshot) -> None:
-        self.cpu.append(None if snap.host.cpu_percent is None else snap.host.cpu_percent / 100)
-        for t in snap.trainers:
-            dw = t.data_wait
-            self.wait.setdefault(t.pid, deque(maxlen=300)).append(dw.fraction if dw else None)
-            util = [g.utilization_percent for g in snap.gpus if g.index in t.gpus]
-            value = util[0] / 100 if util and util[0] is not None else None
-            self.gpu.setdefault(t.pid, deque(maxlen=300)).append(value)
-
-    def render_for(self, snap: Snapshot, trainer: TrainerSnapshot | None) -> None:
-        width = max(10, (self.size.width or 80) // 2 - 22)
-        t = Text()
-        if trainer is not None:
-            waits = self.wait.get(trainer.pid, ())
-            last = next((v for v in reversed(waits) if v is not None), None)
-            t.append(" data wait ")
-            t.append(sparkline(waits, width), style="red")
-            t.append(f" {human_percent(last)}".ljust(6))
-            gpus = self.gpu.get(trainer.pid, ())
-            if any(v is not None for v in gpus):
-                t.append("  GPU ")
-                t.append(sparkline(gpus, width), style="green")
-            t.append("\n")
-        t.append(" host CPU  ")
-        t.append(bar(self.cpu[-1] if self.cpu else None, width), style="blue")
-        if trainer is not None and trainer.shm and trainer.shm.total_bytes:
-            used = (trainer.shm.used_bytes or 0) / trainer.shm.total_bytes
-            t.append(f" {human_percent(self.cpu[-1] if self.cpu else None)}".ljust(6))
-            t.append("  shm ")
-            t.append(bar(used, width), style="magenta")
-            t.append(f" {human_bytes(trainer.shm.used_bytes)}/{human_bytes(trainer.shm.total_bytes)}")
-        self.show(t)
-
-
 class OverviewPanel(Panel):
     """One row per trainer when several are watched."""
 
@@ -186,6 +123,19 @@ class OverviewPanel(Panel):
 
 
 class FindingsPanel(Panel):
+    """Findings as cards: the id, the title and since when, then what to change, each text
+    wrapping under itself, never under the id."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.since: dict[tuple[int | None, str], float] = {}  # (trainer, id) -> first seen, in a row
+
+    def record(self, snap: Snapshot, findings: list[Finding]) -> None:
+        keys = {(f.trainer_pid, f.id) for f in findings}
+        self.since = {k: v for k, v in self.since.items() if k in keys}
+        for k in keys:
+            self.since.setdefault(k, snap.time)
+
     def render_for(self, trainer: TrainerSnapshot | None, findings: list[Finding], notices) -> None:
         t = Text()
         mine = [f for f in findings if trainer is None or f.trainer_pid in (None, trainer.pid)]
@@ -201,7 +151,10 @@ class FindingsPanel(Panel):
             style = {"critical": "bold red", "warning": "bold yellow"}.get(f.severity, "")
             t.append("\n ! " if f.severity != "info" else "\n   ", style=style)
             t.append(f"{f.id:<{column}}", style=style)
-            t.append(hang(f.title, room, indent))
+            # The clock time, not an age: the card stays the same from tick to tick (no redraw).
+            began = self.since.get((f.trainer_pid, f.id))
+            when = f" (since {dt.datetime.fromtimestamp(began).strftime('%H:%M:%S')})" if began is not None else ""
+            t.append(hang(f.title + when, room, indent))
             t.append("\n" + " " * indent)
             t.append(hang(f.suggestion, room, indent), style="green")
         shown = [n for n in notices if n.id not in (N.NO_GPU,)][:2]

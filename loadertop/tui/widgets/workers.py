@@ -1,9 +1,12 @@
-"""The workers table: the trainer's main process and pin-memory thread, then each worker.
+"""The workers table: the trainer's main process and pin-memory thread, then each worker,
+each with its CPU over the last ticks as a trend beside the figure now.
 
 Rendered as one block of fixed-width text lines, re-rendered only when a line changed: a
 DataTable re-renders its cells on every update and cost most of the TUI's CPU at 1 Hz."""
 
 from __future__ import annotations
+
+from collections import deque
 
 from rich.text import Text
 from textual.containers import VerticalScroll
@@ -13,12 +16,29 @@ from ...fields import WORKER_FIELDS, row
 from ...model import ProcessSample, TrainerSnapshot
 
 SORTS = ("worker", "cpu", "uss", "rss")
-FIXED = sum(f.width for f in WORKER_FIELDS)  # DOING (width 0) takes the rest of the line
+TREND_TICKS = 10
+BLOCKS = " ▁▂▃▄▅▆▇█"
+# (header, width, right-aligned): the report's columns, and the trend after CPU%.
+COLUMNS = [c for f in WORKER_FIELDS for c in ((f.header, f.width, f.right),
+                                              *((("CPU TREND", TREND_TICKS, False),) if f.key == "cpu_percent"
+                                                else ()))]
+TREND_AT = [f.key for f in WORKER_FIELDS].index("cpu_percent") + 1
+NO_TREND = COLUMNS[:TREND_AT] + COLUMNS[TREND_AT + 1 :]
+TREND_MIN_WIDTH = 100  # narrower (80 columns over SSH): the trend folds away, DOING and AGE stay
+
+
+def trend(values) -> str:
+    """CPU percentages as bars, a full one for a busy core (more than one core: still full)."""
+    out = "".join("·" if v is None else BLOCKS[min(8, max(0, round(v / 100 * 8)))] for v in values)
+    return out.rjust(TREND_TICKS)
+
+
+def _read(p: ProcessSample | dict, name: str):
+    return getattr(p, name) if isinstance(p, ProcessSample) else p.get(name)
 
 
 def _look(p: ProcessSample | dict) -> str:
-    status = p.status if isinstance(p, ProcessSample) else p.get("status")
-    cpu = p.cpu_percent if isinstance(p, ProcessSample) else p.get("cpu_percent")
+    status, cpu = _read(p, "status"), _read(p, "cpu_percent")
     if status in ("stopped", "zombie", "exited"):
         return "red"
     return "bold" if cpu is not None and cpu >= 90 else ""
@@ -31,6 +51,8 @@ class WorkersTable(VerticalScroll):
         super().__init__(**kw)
         self.sort_by = "worker"
         self.rows: list[list[str]] = []  # what is on screen, for tests and the next diff
+        self._cpu: dict[tuple[str, int], deque] = {}  # (kind, pid) -> the last ticks' CPU %
+        self._recorded_at: float | None = None
         self._body = Static()
         self._last: tuple | None = None
         self._row_count = -1
@@ -54,7 +76,21 @@ class WorkersTable(VerticalScroll):
         else:
             workers.sort(key=lambda w: (w.worker_id if w.worker_id is not None else 10**6, w.pid))
         processes += [(f"w{w.worker_id}" if w.worker_id is not None else f"w?{i}", w) for i, w in enumerate(workers)]
-        return [(row(label, p, now), _look(p)) for label, p in processes]
+        record = now != self._recorded_at  # one point a snapshot, however often it is shown
+        self._recorded_at = now
+        out = []
+        for label, p in processes:
+            cells = row(label, p, now)
+            key = ("pin" if label == "pin" else "process", _read(p, "pid"))
+            history = self._cpu.setdefault(key, deque(maxlen=TREND_TICKS))
+            if record:
+                history.append(_read(p, "cpu_percent"))
+            cells.insert(TREND_AT, trend(history))
+            out.append((cells, _look(p)))
+        if record:  # forget processes that left the table
+            shown = {("pin" if label == "pin" else "process", _read(p, "pid")) for label, p in processes}
+            self._cpu = {k: v for k, v in self._cpu.items() if k in shown}
+        return out
 
     def show(self, trainer: TrainerSnapshot | None, now: float) -> None:
         """now: the snapshot's time, so ages stay frozen on a trainer that exited."""
@@ -65,22 +101,29 @@ class WorkersTable(VerticalScroll):
             return
         self._last = key
         self.rows = [cells for cells, _ in rows]
-        doing = max(10, width - FIXED - len(WORKER_FIELDS))
+        with_trend = width >= TREND_MIN_WIDTH
+        columns = COLUMNS if with_trend else NO_TREND
+        doing = max(10, width - sum(w for _, w, _ in columns) - len(columns))  # DOING takes the rest
         text = Text(no_wrap=True, overflow="ellipsis")
-        text.append(self._line([f.header for f in WORKER_FIELDS], doing), style="bold reverse")
+        text.append(self._line(columns, [header for header, _, _ in columns], doing), style="bold reverse")
+        trend_from = sum(w + 1 for _, w, _ in COLUMNS[:TREND_AT])
         for cells, look in rows:
             text.append("\n")
-            text.append(self._line(cells, doing), style=look)
+            start = len(text)
+            text.append(self._line(columns, cells if with_trend else cells[:TREND_AT] + cells[TREND_AT + 1 :], doing),
+                        style=look)
+            if with_trend:
+                text.stylize("cyan", start + trend_from, start + trend_from + TREND_TICKS)
         self._body.update(text, layout=len(rows) != self._row_count)
         self._row_count = len(rows)
 
     @staticmethod
-    def _line(values: list[str], doing: int) -> str:
+    def _line(columns: list[tuple[str, int, bool]], values: list[str], doing: int) -> str:
         out = []
-        for field, value in zip(WORKER_FIELDS, values, strict=True):
-            width = field.width or doing
+        for (_, width, right), value in zip(columns, values, strict=True):
+            width = width or doing
             value = value if len(value) <= width else value[: width - 1] + "…"
-            out.append(value.rjust(width) if field.right else value.ljust(width))
+            out.append(value.rjust(width) if right else value.ljust(width))
         return " ".join(out)
 
     def next_sort(self) -> str:

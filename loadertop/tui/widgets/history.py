@@ -1,0 +1,152 @@
+"""The history panel: the trainer's data wait, its GPU's utilization and the host's CPU over
+the last 1, 5 or 15 minutes, one Textual Sparkline each, on one time axis that ends now.
+
+A Sparkline scales its bars between the lowest and highest value it is given, so each row
+says that range beside the value now: a flat 74-76 % is not read as a swing from empty to
+full. Each bar is a slice of the window; until the history fills the window, the lines
+start part way along, where sampling began. The lines are rebuilt when a new slice begins
+or a value arrives, not on every tick."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Sparkline, Static
+
+from ...fields import human_percent
+from ...model import Snapshot, TrainerSnapshot
+
+WINDOWS_S = (60, 300, 900)
+KEEP = 2000  # points per line: 15 minutes of 0.5 s ticks
+LABEL_WIDTH = 12
+VALUE_WIDTH = 22
+
+
+class Series:
+    """(time, value) points of one line, oldest first; a tick with no value adds none."""
+
+    def __init__(self) -> None:
+        self.points: deque[tuple[float, float]] = deque(maxlen=KEEP)
+
+    def add(self, when: float, value: float | None) -> None:
+        if value is not None:
+            self.points.append((when, value))
+
+    def last(self) -> float | None:
+        return self.points[-1][1] if self.points else None
+
+    def slices(self, now: float, window_s: float, width: int) -> list[float]:
+        """The mean of each of `width` equal slices of the window ending at `now`, from the
+        first slice that holds a point; a slice with none repeats the one before it."""
+        if width <= 0:
+            return []
+        start = now - window_s
+        step = window_s / width
+        sums = [0.0] * width
+        counts = [0] * width
+        for when, value in self.points:
+            if when <= start:
+                continue
+            i = min(width - 1, int((when - start) / step))
+            sums[i] += value
+            counts[i] += 1
+        out: list[float] = []
+        for total, n in zip(sums, counts, strict=True):
+            if n:
+                out.append(total / n)
+            elif out:
+                out.append(out[-1])
+        return out
+
+
+class HistoryRow(Horizontal):
+    """A label, the line (right-aligned: its right end is now), the value now and the range."""
+
+    def __init__(self, label: str, **kw) -> None:
+        super().__init__(**kw)
+        self.label = label
+        self._spacer = Static(classes="history-spacer")
+        self._line = Sparkline([], summary_function=max)
+        self._value = Static(classes="history-value")
+        self._span: tuple[float, float] | None = None
+        self._text = ""
+
+    def compose(self) -> ComposeResult:
+        yield Static(f" {self.label}", classes="history-label")
+        yield self._spacer
+        yield self._line
+        yield self._value
+
+    def draw(self, values: list[float]) -> None:
+        if len(values) != len(self._line.data or ()):
+            self._line.styles.width = max(1, len(values))
+        self._line.data = values
+        self._span = (min(values), max(values)) if values else None
+
+    def show_value(self, now: float | None) -> None:
+        """The value now, and the range the line spans (with the value now, which the line
+        shows once its slice is over)."""
+        text = human_percent(now).rjust(5)
+        if self._span is not None:
+            low, high = self._span if now is None else (min(self._span[0], now), max(self._span[1], now))
+            text += f"  range {low * 100:.0f}–{high * 100:.0f}%"
+        if text != self._text:
+            self._text = text
+            self._value.update(text)
+
+
+class HistoryPanel(Vertical):
+    """Data wait, GPU utilization and host CPU over a window that `w` cycles: 1, 5, 15 min."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.window_s = WINDOWS_S[1]
+        self._title = Static(classes="history-title")
+        self._rows = {"wait": HistoryRow("data wait", classes="wait"), "gpu": HistoryRow("GPU util", classes="gpu"),
+                      "cpu": HistoryRow("host CPU", classes="cpu")}
+        self._drawn: tuple | None = None
+        self.reset()
+
+    def compose(self) -> ComposeResult:
+        yield self._title
+        yield from self._rows.values()
+
+    def reset(self) -> None:
+        self.wait: dict[int, Series] = {}
+        self.gpu: dict[int, Series] = {}
+        self.cpu = Series()
+        self._drawn = None
+
+    def cycle_window(self) -> int:
+        self.window_s = WINDOWS_S[(WINDOWS_S.index(self.window_s) + 1) % len(WINDOWS_S)]
+        self._drawn = None
+        return self.window_s
+
+    def record(self, snap: Snapshot) -> None:
+        self.cpu.add(snap.time, None if snap.host.cpu_percent is None else snap.host.cpu_percent / 100)
+        for t in snap.trainers:
+            dw = t.data_wait
+            self.wait.setdefault(t.pid, Series()).add(snap.time, dw.fraction if dw else None)
+            util = [g.utilization_percent for g in snap.gpus if g.index in t.gpus]
+            self.gpu.setdefault(t.pid, Series()).add(snap.time, util[0] / 100 if util and util[0] is not None
+                                                     else None)
+
+    def render_for(self, snap: Snapshot, trainer: TrainerSnapshot | None) -> None:
+        width = max(10, (self.size.width or self.app.size.width) - LABEL_WIDTH - VALUE_WIDTH)
+        lines = {"wait": self.wait.get(trainer.pid) if trainer else None,
+                 "gpu": self.gpu.get(trainer.pid) if trainer else None, "cpu": self.cpu}
+        # The lines move once a slice (window / width: 3.5 s of a 5-minute window on 120
+        # columns) is over; the values beside them every tick.
+        key = (trainer.pid if trainer else None, width, self.window_s, int(snap.time // (self.window_s / width)))
+        redraw = key != self._drawn
+        self._drawn = key
+        if redraw:
+            self._title.update(f" HISTORY  last {self.window_s // 60} min, now at the right  (w: 1 / 5 / 15 min)")
+        for name, row in self._rows.items():
+            series = lines[name]
+            row.display = name != "gpu" or (series is not None and bool(series.points))  # no GPU: no GPU line
+            if redraw:
+                row.draw(series.slices(snap.time, self.window_s, width) if series is not None else [])
+            row.show_value(series.last() if series is not None else None)
