@@ -150,6 +150,7 @@ class LoadertopApp(App):
 
     def on_source_ended(self, _: SourceEnded) -> None:
         self.ended = True
+        self.refresh_view()  # the history up to the last snapshot
 
     def refresh_view(self) -> None:
         snap = self.snapshot
@@ -163,7 +164,7 @@ class LoadertopApp(App):
         self.query_one(HeaderPanel).render_for(snap, trainer, self.findings, self.paused,
                                                self.source is None or self.source.live, self.selected, len(trainers),
                                                plan)
-        self.query_one(HistoryPanel).render_for(snap, trainer)
+        self.query_one(HistoryPanel).render_for(snap, trainer, now=self.paused or self.ended)
         self.query_one(OverviewPanel).render_for(snap, self.findings, self.selected)
         self.query_one(WorkersTable).show(trainer, snap.time)
         notices = [n for n in snap.notices if trainer is None or n.trainer_pid in (None, trainer.pid)]

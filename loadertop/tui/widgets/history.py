@@ -11,8 +11,11 @@ from __future__ import annotations
 
 from collections import deque
 
+from rich.text import Text
 from textual.app import ComposeResult
+from textual.app import RenderResult as Drawn
 from textual.containers import Horizontal, Vertical
+from textual.renderables.sparkline import Sparkline as SparklineRenderable
 from textual.widgets import Sparkline, Static
 
 from ...fields import human_percent
@@ -22,6 +25,7 @@ WINDOWS_S = (60, 300, 900)
 KEEP = 2000  # points per line: 15 minutes of 0.5 s ticks
 LABEL_WIDTH = 12
 VALUE_WIDTH = 22
+MIN_REDRAW_S = 5.0
 
 
 class Series:
@@ -61,40 +65,55 @@ class Series:
         return out
 
 
+class HistoryLine(Sparkline):
+    """Textual's Sparkline, its bars at the right: the part of the window before sampling
+    began stays blank. The widget keeps its width, so a new bar is a repaint, not a layout.
+    The bars are drawn once per change, into a Text: Textual asks a Rich renderable for its
+    lines again and again, and the Sparkline recomputes every bar each time."""
+
+    def render(self) -> Drawn:
+        bars = min(len(self.data or ()), self.size.width)
+        if not bars:
+            return ""
+        inner = super().render()
+        assert isinstance(inner, SparklineRenderable)
+        inner.width = bars
+        console = self.app.console
+        lines = console.render_lines(inner, console.options.update(width=bars, height=self.size.height), pad=False)
+        text = Text(no_wrap=True)
+        for i, line in enumerate(lines):
+            text.append(("\n" if i else "") + " " * (self.size.width - bars))
+            for segment in line:
+                text.append(segment.text, segment.style)
+        return text
+
+
 class HistoryRow(Horizontal):
     """A label, the line (right-aligned: its right end is now), the value now and the range."""
 
     def __init__(self, label: str, **kw) -> None:
         super().__init__(**kw)
         self.label = label
-        self._spacer = Static(classes="history-spacer")
-        self._line = Sparkline([], summary_function=max)
+        self._line = HistoryLine([], summary_function=max)
         self._value = Static(classes="history-value")
-        self._span: tuple[float, float] | None = None
         self._text = ""
 
     def compose(self) -> ComposeResult:
         yield Static(f" {self.label}", classes="history-label")
-        yield self._spacer
         yield self._line
         yield self._value
 
-    def draw(self, values: list[float]) -> None:
-        if len(values) != len(self._line.data or ()):
-            self._line.styles.width = max(1, len(values))
+    def draw(self, values: list[float], now: float | None) -> None:
+        """The line, the value now and the range the line spans (with the value now, which
+        the line shows once its slice is over)."""
         self._line.data = values
-        self._span = (min(values), max(values)) if values else None
-
-    def show_value(self, now: float | None) -> None:
-        """The value now, and the range the line spans (with the value now, which the line
-        shows once its slice is over)."""
         text = human_percent(now).rjust(5)
-        if self._span is not None:
-            low, high = self._span if now is None else (min(self._span[0], now), max(self._span[1], now))
+        if values:
+            low, high = min(*values, now if now is not None else values[0]), max(*values, now or 0.0)
             text += f"  range {low * 100:.0f}–{high * 100:.0f}%"
         if text != self._text:
             self._text = text
-            self._value.update(text)
+            self._value.update(text, layout=False)
 
 
 class HistoryPanel(Vertical):
@@ -133,20 +152,25 @@ class HistoryPanel(Vertical):
             self.gpu.setdefault(t.pid, Series()).add(snap.time, util[0] / 100 if util and util[0] is not None
                                                      else None)
 
-    def render_for(self, snap: Snapshot, trainer: TrainerSnapshot | None) -> None:
-        width = max(10, (self.size.width or self.app.size.width) - LABEL_WIDTH - VALUE_WIDTH)
+    def render_for(self, snap: Snapshot, trainer: TrainerSnapshot | None, now: bool = False) -> None:
+        """now: draw up to this snapshot whatever the cadence (paused, or a replay's end)."""
+        width = max(10, self._rows["cpu"]._line.size.width or
+                    (self.size.width or self.app.size.width) - LABEL_WIDTH - VALUE_WIDTH)
         lines = {"wait": self.wait.get(trainer.pid) if trainer else None,
                  "gpu": self.gpu.get(trainer.pid) if trainer else None, "cpu": self.cpu}
-        # The lines move once a slice (window / width: 3.5 s of a 5-minute window on 120
-        # columns) is over; the values beside them every tick.
-        key = (trainer.pid if trainer else None, width, self.window_s, int(snap.time // (self.window_s / width)))
-        redraw = key != self._drawn
-        self._drawn = key
-        if redraw:
-            self._title.update(f" HISTORY  last {self.window_s // 60} min, now at the right  (w: 1 / 5 / 15 min)")
+        # The lines and the values beside them move once a slice (window / width: 3.5 s of a
+        # 5-minute window on 120 columns) is over, and at most every MIN_REDRAW_S (each redraw
+        # of the three lines costs ~4 ms); the header has the values of each tick.
+        view = (trainer.pid if trainer else None, width, self.window_s)
+        drawn_view, drawn_slice, drawn_at = self._drawn or (None, None, float("-inf"))
+        slice_no = int(snap.time // (self.window_s / width))
+        if not now and view == drawn_view and (slice_no == drawn_slice or snap.time - drawn_at < MIN_REDRAW_S):
+            return
+        self._drawn = (view, slice_no, snap.time)
+        self._title.update(f" HISTORY  last {self.window_s // 60} min, now at the right  (w: 1 / 5 / 15 min)",
+                           layout=False)
         for name, row in self._rows.items():
             series = lines[name]
             row.display = name != "gpu" or (series is not None and bool(series.points))  # no GPU: no GPU line
-            if redraw:
-                row.draw(series.slices(snap.time, self.window_s, width) if series is not None else [])
-            row.show_value(series.last() if series is not None else None)
+            row.draw(series.slices(snap.time, self.window_s, width) if series is not None else [],
+                     series.last() if series is not None else None)
