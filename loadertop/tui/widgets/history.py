@@ -161,7 +161,9 @@ class HistoryPanel(Vertical):
         # The lines and the values beside them move once a slice (window / width: 3.5 s of a
         # 5-minute window on 120 columns) is over, and at most every MIN_REDRAW_S (each redraw
         # of the three lines costs ~4 ms); the header has the values of each tick.
-        view = (trainer.pid if trainer else None, width, self.window_s)
+        # A line that got its first value is drawn at once: the header shows that value already.
+        view = (trainer.pid if trainer else None, width, self.window_s,
+                tuple(series is not None and bool(series.points) for series in lines.values()))
         drawn_view, drawn_slice, drawn_at = self._drawn or (None, None, float("-inf"))
         slice_no = int(snap.time // (self.window_s / width))
         if not now and view == drawn_view and (slice_no == drawn_slice or snap.time - drawn_at < MIN_REDRAW_S):
