@@ -129,7 +129,7 @@ async def test_small_terminal_keeps_workers_and_findings(size):
     async with app.run_test(size=size) as pilot:
         await wait_until(pilot, lambda: app.ended and app.ticks_shown > 0)
         await pilot.pause(0.1)
-        compact = app.screen.has_class("compact")
+        compact = app.default_screen.has_class("compact")
         assert compact == (size[1] < 30)
         table = app.query_one(WorkersTable)
         assert table.region.height >= 3
@@ -235,10 +235,27 @@ async def test_no_gpu_no_gpu_line_and_80x24_folds_the_history_and_the_trend_away
         await pilot.pause(0.1)
         wait, gpu_row, cpu = app.query(HistoryRow)
         assert wait.display and cpu.display and not gpu_row.display
+        assert wait.region.height >= 2 and cpu.region.height >= 2
+    # 80x24 with two workers: the history keeps the rows the others leave, a line each.
     app = LoadertopApp(ScriptedSource(moving(with_gpu=False), interval_s=0.005))
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_until(pilot, lambda: app.ended and app.ticks_shown > 0)
         await pilot.pause(0.1)
-        assert app.query_one(HistoryPanel).styles.display == "none"
+        history = app.query_one(HistoryPanel)
+        assert history.display and history.region.height >= 3
+        assert all(row.region.height >= 1 for row in app.query(HistoryRow) if row.display)
+        findings = app.query_one(FindingsPanel)
+        assert findings.region.height >= 3 and findings.region.bottom <= 24
         header = str(app.query_one(WorkersTable).query_one(Static).render()).splitlines()[0]
         assert "TREND" not in header and header.rstrip().endswith("AGE"), header
+    # Twelve workers leave no room: the history folds away, every worker and the findings stay.
+    crowded = story(20, lambda t: snapshot(t, [trainer(workers=12, worker_cpu=97.0, wait=0.62)], host(cpu=30.0)))
+    app = LoadertopApp(ScriptedSource(crowded, interval_s=0.005))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: app.ended and app.ticks_shown > 0)
+        await pilot.pause(0.1)
+        assert not app.query_one(HistoryPanel).display
+        table = app.query_one(WorkersTable)
+        assert len(table.rows) == 13 and table.region.height >= 6
+        findings = app.query_one(FindingsPanel)
+        assert findings.region.height >= 3 and findings.region.bottom <= 24

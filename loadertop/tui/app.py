@@ -22,6 +22,7 @@ from .widgets.panels import EventsPanel, FindingsPanel, HeaderPanel, OverviewPan
 from .widgets.workers import WorkersTable
 
 COMPACT_HEIGHT = 30
+COMPACT_HISTORY_ROWS = 4  # its title and a line each for data wait, GPU and host CPU
 INTERVALS = (0.5, 1.0, 2.0, 5.0, 10.0)
 
 
@@ -129,6 +130,8 @@ class LoadertopApp(App):
             self._stop.wait(max(0.0, source.interval_s - (time.monotonic() - started)))
 
     def on_tick(self, _: Tick) -> None:
+        if not self.is_running:  # a late tick while shutting down: the panels may be gone
+            return
         with self._latest_lock:
             latest, self._latest = self._latest, None
             self._tick_pending = False
@@ -149,6 +152,8 @@ class LoadertopApp(App):
         self.ticks_shown += 1
 
     def on_source_ended(self, _: SourceEnded) -> None:
+        if not self.is_running:
+            return
         self.ended = True
         self.refresh_view()  # the history up to the last snapshot
 
@@ -170,6 +175,7 @@ class LoadertopApp(App):
         notices = [n for n in snap.notices if trainer is None or n.trainer_pid in (None, trainer.pid)]
         self.query_one(FindingsPanel).render_for(trainer, self.findings, notices)
         self.query_one(EventsPanel).render_for(trainer)
+        self._fold_history()
 
     # --- layout ----------------------------------------------------------------------
 
@@ -177,7 +183,21 @@ class LoadertopApp(App):
         self._fit_to_size()
 
     def _fit_to_size(self) -> None:
-        self.screen.set_class(self.size.height < COMPACT_HEIGHT, "compact")
+        # The default screen holds the panels, whatever is shown over it (help, the picker).
+        self.default_screen.set_class(self.size.height < COMPACT_HEIGHT, "compact")
+        self._fold_history()
+
+    def _fold_history(self) -> None:
+        """On a short terminal the history shows, a line per row, only in the rows the
+        header, workers and findings leave: it folds away first. The others' heights do not
+        depend on it (they fit their content), so this settles in one layout."""
+        history = self.query_one(HistoryPanel)
+        if not self.default_screen.has_class("compact"):
+            history.display = True
+            return
+        others = [w for w in self.default_screen.children if w is not history and w.display]
+        used = sum(w.outer_size.height + w.styles.margin.height for w in others)
+        history.display = self.size.height - used - history.styles.margin.height >= COMPACT_HISTORY_ROWS
 
     # --- actions ---------------------------------------------------------------------
 

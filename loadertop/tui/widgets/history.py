@@ -66,25 +66,33 @@ class Series:
 
 
 class HistoryLine(Sparkline):
-    """Textual's Sparkline, its bars at the right: the part of the window before sampling
-    began stays blank. The widget keeps its width, so a new bar is a repaint, not a layout.
-    The bars are drawn once per change, into a Text: Textual asks a Rich renderable for its
-    lines again and again, and the Sparkline recomputes every bar each time."""
+    """Textual's Sparkline on a fixed 0-100 % scale, its bars at the right: the part of the
+    window before sampling began stays blank. The widget keeps its width, so a new bar is a
+    repaint, not a layout. The bars are drawn once per change, into a Text: Textual asks a
+    Rich renderable for its lines again and again, and the Sparkline recomputes every bar
+    each time."""
 
     def render(self) -> Drawn:
-        bars = min(len(self.data or ()), self.size.width)
-        if not bars:
+        values = [min(1.0, max(0.0, v)) for v in self.data or ()][-self.size.width:]
+        if not values:
             return ""
         inner = super().render()
         assert isinstance(inner, SparklineRenderable)
-        inner.width = bars
+        # The Sparkline scales between its data's own low and high, so a flat 42 % fills the
+        # line or draws nothing; two anchor bars at 0 and 100 % (one bar per value: width =
+        # count) fix the scale, and are cut off below.
+        inner.data = [0.0, 1.0, *values]
+        inner.width = len(inner.data)
         console = self.app.console
-        lines = console.render_lines(inner, console.options.update(width=bars, height=self.size.height), pad=False)
+        lines = console.render_lines(inner, console.options.update(width=inner.width, height=self.size.height),
+                                     pad=False)
         text = Text(no_wrap=True)
         for i, line in enumerate(lines):
-            text.append(("\n" if i else "") + " " * (self.size.width - bars))
+            text.append(("\n" if i else "") + " " * (self.size.width - len(values)))
+            bars = Text()
             for segment in line:
-                text.append(segment.text, segment.style)
+                bars.append(segment.text, segment.style)
+            text.append_text(bars[2:])
         return text
 
 
