@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from . import __version__
+from .tui import LIVE_INTERVAL_S
 
 SUBCOMMANDS = ("snapshot", "demo", "record", "replay", "export", "tune")
 REPORT_FORMATS = (".json", ".md", ".html")
@@ -130,7 +131,8 @@ def _parser() -> argparse.ArgumentParser:
 
     demo.add_argument("--scenario", choices=sorted(SCENARIOS), default="starved",
                       help="; ".join(f"{k}: {v[0]}" for k, v in SCENARIOS.items()))
-    demo.add_argument("--interval", type=_positive, default=1.0, help="seconds per tick (1)")
+    demo.add_argument("--interval", type=_positive, default=LIVE_INTERVAL_S,
+                      help=f"seconds per tick ({LIVE_INTERVAL_S:g})")
     return p
 
 
@@ -138,7 +140,8 @@ def _monitor_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="loadertop", usage=MONITOR_USAGE,
                 description="Watch training jobs live; with no PID, pick one from a list.")
     p.add_argument("pids", nargs="*", type=_pid, metavar="PID")
-    p.add_argument("--interval", type=_positive, default=1.0, help="seconds per tick (1)")
+    p.add_argument("--interval", type=_positive, default=LIVE_INTERVAL_S,
+                   help=f"seconds per tick ({LIVE_INTERVAL_S:g})")
     p.add_argument("--no-stacks", action="store_true", help="do not run py-spy (no data wait)")
     return p
 
@@ -149,23 +152,26 @@ def _require_terminal() -> None:
         raise UsageError("the live view needs a terminal; use `loadertop snapshot PID --json` in scripts")
 
 
-def _run_tui(source, on_exit=None) -> int:
+def _run_tui(source, on_exit=None, connect=None) -> int:
     try:
         from .tui.app import LoadertopApp
     except ImportError as e:  # textual missing in a broken install
         raise UsageError(f"the live view needs textual ({e}); pip install textual") from None
-    LoadertopApp(source, on_exit=on_exit).run()
+    LoadertopApp(source, on_exit=on_exit, connect=connect).run()
     return 0
 
 
 def cmd_monitor(args: argparse.Namespace) -> int:
     _require_terminal()
-    if not args.pids:
-        return _run_tui(None)
-    _check_pids(args.pids)
     from .tui.source import LiveSource
 
-    return _run_tui(LiveSource(args.pids, interval_s=args.interval, stacks=not args.no_stacks))
+    def connect(pids: list[int]) -> LiveSource:
+        return LiveSource(pids, interval_s=args.interval, stacks=not args.no_stacks)
+
+    if not args.pids:  # the picker attaches with the same options
+        return _run_tui(None, connect=connect)
+    _check_pids(args.pids)
+    return _run_tui(connect(args.pids))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from test_tui import text_of, wait_until
 
 from loadertop.tui.app import LoadertopApp
+from loadertop.tui.source import LiveSource
 from loadertop.tui.widgets.panels import HeaderPanel
 
 
@@ -12,7 +13,8 @@ async def test_the_picker_lists_the_job_and_enter_attaches(job):
     j = job("--workers", "2", "--persistent", "--item-ms", "5")
     j.wait_ready()
     j.wait_workers(2)
-    app = LoadertopApp(None)
+    # The picked job is watched with the command line's options (here a 0.5 s tick, no py-spy).
+    app = LoadertopApp(None, connect=lambda pids: LiveSource(pids, interval_s=0.5, stacks=False))
     async with app.run_test(size=(120, 36)) as pilot:
         await pilot.pause(0.5)
         from textual.widgets import DataTable
@@ -26,4 +28,5 @@ async def test_the_picker_lists_the_job_and_enter_attaches(job):
         await pilot.press("enter")
         await wait_until(pilot, lambda: app.ticks_shown > 0, timeout=20)
         assert f"pid {j.pid}" in text_of(app, HeaderPanel)
+        assert isinstance(app.source, LiveSource) and app.source.interval_s == 0.5 and app.source.stacks is None
         await pilot.press("q")

@@ -121,10 +121,12 @@ class Profile:
     rate_hz: int = 10  # py-spy's samples a second within a window
 
 
-# The live view: one 10 s window every 30 s (data wait over the last two), one worker dump
-# every 30 s once the burst has read the workers found on attach. The rules read the dumps
-# too (a worker waiting for indices), so they are not made rarer still.
-LIVE = Profile(window_s=10, gap_s=20.0, rolling_s=40.0, dump_interval_s=30.0, dump_burst=16)
+# The live view: one 10 s window every 40 s (data wait over the last two: 200 samples), one
+# worker dump every 40 s once the burst has read the workers found on attach. Every 30 s cost
+# 0.15 % of a core more, which the 1.2 % budget of docs/BENCHMARKS.md §3 has no room for;
+# 5 Hz windows cost as little but halve the samples data wait is read from. The rules read the
+# dumps too (a worker waiting for indices), so they are not made rarer still.
+LIVE = Profile(window_s=10, gap_s=30.0, rolling_s=50.0, dump_interval_s=40.0, dump_burst=16)
 # A recording is replayed tick by tick: back-to-back windows, a worker dump every 10 s.
 RECORDING = Profile(window_s=10, rolling_s=30.0, dump_interval_s=10.0)
 # A dashboard needs the trend, not every second: a 10 s window a minute; each worker is

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
 
@@ -56,9 +57,13 @@ class LoadertopApp(App):
         *(Binding(str(i), f"select({i - 1})", show=False) for i in range(1, 10)),
     ]
 
-    def __init__(self, source: Source | None = None, save_dir: str | Path = ".", on_exit=None, gpu=None) -> None:
+    def __init__(self, source: Source | None = None, save_dir: str | Path = ".", on_exit=None, gpu=None,
+                 connect: Callable[[list[int]], Source] | None = None) -> None:
+        """connect: makes the source for the PIDs picked when no source is given (the
+        command line's interval and py-spy options)."""
         super().__init__()
         self.source = source
+        self._connect = connect or LiveSource
         self.save_dir = Path(save_dir)
         self.on_exit_callback = on_exit
         self._gpu = gpu
@@ -93,7 +98,7 @@ class LoadertopApp(App):
             self.sample()
 
     def attach(self, pids: list[int]) -> None:
-        self.source = LiveSource(pids)
+        self.source = self._connect(pids)
         self.pop_screen()
         self.sample()
 

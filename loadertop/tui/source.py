@@ -9,6 +9,7 @@ from typing import Protocol
 
 from ..model import Finding, Snapshot
 from ..rules import Diagnoser
+from . import LIVE_INTERVAL_S
 
 
 class Source(Protocol):
@@ -26,23 +27,26 @@ class Source(Protocol):
     def close(self) -> None: ...
 
 
+SMAPS_S_PER_S = 0.001  # smaps read time a second of watching: each of 8 workers every ~80 s here
+
+
 class LiveSource:
     """Samples real jobs. `next()` runs one tick: call it from a worker thread only."""
 
     live = True
     lockstep = False  # a slow screen skips snapshots rather than falling behind the jobs
 
-    def __init__(self, pids: list[int], interval_s: float = 1.0, stacks: bool = True) -> None:
+    def __init__(self, pids: list[int], interval_s: float = LIVE_INTERVAL_S, stacks: bool = True) -> None:
         from ..probes.processes import ProcessSampler
         from ..probes.stacks import LIVE, StackSampler
         from ..sampler import Sampler
 
         # What the live view costs is mostly py-spy and smaps (docs/BENCHMARKS.md §3): the
-        # LIVE py-spy profile, and a small smaps budget a tick that refreshes each worker's
-        # USS/PSS within a minute or so.
+        # LIVE py-spy profile, and a small smaps budget a second, whatever the tick, that
+        # refreshes each worker's USS/PSS every minute or two (copy-on-read growth is slow).
         self.stacks = StackSampler.of(LIVE) if stacks else None
-        self.sampler = Sampler(pids, interval_s=interval_s, stacks=self.stacks,
-                               processes=ProcessSampler(slow_budget_s=0.002))
+        self.processes = ProcessSampler(slow_budget_s=SMAPS_S_PER_S * interval_s)
+        self.sampler = Sampler(pids, interval_s=interval_s, stacks=self.stacks, processes=self.processes)
         self.diagnoser = Diagnoser()
 
     @property
@@ -52,6 +56,7 @@ class LiveSource:
     @interval_s.setter
     def interval_s(self, value: float) -> None:
         self.sampler.interval_s = value
+        self.processes.slow_budget_s = SMAPS_S_PER_S * value
 
     def next(self) -> tuple[Snapshot, list[Finding]] | None:
         snap = self.sampler.tick()
