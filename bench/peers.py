@@ -8,7 +8,8 @@ against the mean of the unmonitored runs just before and after it. The job satur
 CPUs of this machine (CPU-bound workers and a spinning step), so every cycle a monitor takes
 shows up as lost steps.
 
-Run: python bench/peers.py [--seconds 30] [--workers 8] [--glances PATH] [--warmup 5] [--only NAME]
+Run: python bench/peers.py [--seconds 30] [--workers 8] [--glances PATH] [--warmup 5] [--only NAME,...]
+     [--rounds N]
 """
 
 from __future__ import annotations
@@ -111,7 +112,8 @@ def main() -> None:
     p.add_argument("--glances", default=shutil.which("glances"), help="a glances executable")
     p.add_argument("--pyspy", default=shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy"))
     p.add_argument("--warmup", type=float, default=5, help="seconds after attaching before measuring (5)")
-    p.add_argument("--only", default="", help="run the monitors whose name contains this")
+    p.add_argument("--only", default="", help="run the monitors whose name contains one of these (comma-separated)")
+    p.add_argument("--rounds", type=int, default=1, help="attach the monitors in turn this many times (1)")
     args = p.parse_args()
     py = sys.executable
     truth = tempfile.mktemp(suffix=".json")
@@ -126,7 +128,7 @@ def main() -> None:
             False, [py, "-m", "loadertop", "record", str(pid), "-o", rec]),
         "loadertop export (headless, 5 s ticks, py-spy duty cycle)": (
             False, [py, "-m", "loadertop", "export", str(pid), "--listen", "127.0.0.1:19464"]),
-        "loadertop TUI in tmux (1 s ticks, py-spy on)": (True, f"{py} -m loadertop {pid}"),
+        "loadertop TUI in tmux (its default 2 s ticks, py-spy on)": (True, f"{py} -m loadertop {pid}"),
         "top -b -d 1": (False, ["top", "-b", "-d", "1"]),
         "glances in tmux (2 s refresh)": (True, f"{args.glances} --disable-plugin sensors,docker"),
         "py-spy top in tmux (trainer only)": (True, f"{args.pyspy} top --pid {pid}"),
@@ -139,8 +141,9 @@ def main() -> None:
             time.sleep(0.2)
         time.sleep(5)  # workers up, warm
         base = [measure(truth, args.seconds, None)]
-        for name, (in_tmux, cmd) in monitors.items():
-            if ("glances" in name and not args.glances) or args.only not in name:
+        wanted = [w for w in args.only.split(",") if w] or [""]
+        for name, (in_tmux, cmd) in list(monitors.items()) * args.rounds:
+            if ("glances" in name and not args.glances) or not any(w in name for w in wanted):
                 continue
             session = None
             proc = None

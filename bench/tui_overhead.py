@@ -5,7 +5,8 @@ split by thread (/proc/<pid>/task/<tid>/stat, named from a py-spy dump of the mo
 the UI (Textual's event loop and redraw), the sampler (ticks, smaps, rules), Textual's
 input thread, the stack and exit watchers.
 
-Run: python bench/tui_overhead.py [--seconds 60] [--warmup 3] [--workers 8]
+Run: python bench/tui_overhead.py [--seconds 60] [--warmup 3] [--workers 8] [--interval S] [--no-stacks]
+     [--busy] [--size 160x48]
 (--warmup 40: steady state, past the first dump of each worker found on attach)
 """
 
@@ -74,11 +75,17 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--warmup", type=float, default=3.0, help="seconds after first data before measuring")
     p.add_argument("--no-stacks", action="store_true")
+    p.add_argument("--interval", type=float, help="loadertop's --interval (its default when not given)")
+    p.add_argument("--busy", action="store_true",
+                   help="bench/peers.py's job instead: CPU-bound workers and a spinning step fill both CPUs")
+    p.add_argument("--size", default="120x36", help="the terminal, COLSxROWS (peers.py uses 160x48)")
     args = p.parse_args()
+    load = (["--item-ms", "6", "--batch-size", "4", "--step-ms", "10"] if args.busy
+            else ["--sleep-ms", "20", "--batch-size", "4", "--step-ms", "20"])
     job = subprocess.Popen([sys.executable, "-m", "loadertop.demo_job", "--workers", str(args.workers),
-                            "--persistent", "--sleep-ms", "20", "--batch-size", "4", "--step-ms", "20",
-                            "--duration", str(args.seconds + args.warmup + 60)], cwd=REPO, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, start_new_session=True)
+                            "--persistent", *load, "--duration", str(args.seconds + args.warmup + 60)], cwd=REPO,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    cols, rows = args.size.split("x")
     name = f"bench-{uuid.uuid4().hex[:6]}"
     try:
         deadline = time.monotonic() + 60
@@ -86,10 +93,10 @@ def main() -> None:
             assert time.monotonic() < deadline, "workers did not start"
             time.sleep(0.2)
         workers = workers_of(job.pid)
-        flags = " --no-stacks" if args.no_stacks else ""
+        flags = (" --no-stacks" if args.no_stacks else "") + (f" --interval {args.interval:g}" if args.interval else "")
         started = time.monotonic()
         # exec: the pane's process is loadertop itself (its children are py-spy runs).
-        subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "120", "-y", "36",
+        subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", cols, "-y", rows,
                         f"cd {REPO} && exec {sys.executable} -m loadertop {job.pid}{flags}"], check=True)
         first = None
         while time.monotonic() - started < 30:
@@ -118,7 +125,7 @@ def main() -> None:
             by_role[role] = by_role.get(role, 0.0) + (ticks - threads0.get(tid, 0)) / TCK
         split = ", ".join(f"{role} {100 * by_role.get(role, 0.0) / wall:.2f}%"
                           for role in ("UI", "sampler", "input", "stacks", "exits", "output", "other"))
-        print(f"| TUI in tmux, {args.workers} workers{' (no py-spy)' if args.no_stacks else ''} "
+        print(f"| TUI in tmux {args.size}, {args.workers} {'busy ' if args.busy else ''}workers{flags} "
               f"| {100 * (own1 - own0) / wall:.2f}% ({split}) | {100 * (kids1 - kids0) / wall:.2f}% "
               f"| {100 * (own1 - own0 + kids1 - kids0) / wall:.2f}% "
               f"| {first:.2f} s |" if first else "| first data not seen |")
