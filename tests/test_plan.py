@@ -413,3 +413,21 @@ def test_a_rank_waiting_for_accelerates_dispatch_is_told_where_the_change_is():
     (f,) = [f for f in findings if f.id == "input_bound"]
     assert "rank 0" in f.title and "dispatch_batches=False" in f.suggestion
     assert verdict(story(30, make)[-1].trainers[0], findings)[0].startswith("INPUT-BOUND")
+
+
+def test_a_step_on_several_threads_gains_nothing_from_fewer_workers_that_still_keep_up():
+    # The image case (bench/advice.py `images`) as its snapshot read it: 2 CPUs, a step that
+    # trains a CNN on both (164% of a CPU, 0.33 s/s waiting to run), 4 workers decoding JPEGs
+    # at 7% each, ahead of the loop (1.5% data wait). Every worker's burst takes a CPU from
+    # the step's two threads, whatever the count: the model must not read one worker as no
+    # competition (it predicted +6% for one, which measured slower than two).
+    def make(t):
+        main = process(TRAINER, 164.0, busy_threads=2, runqueue_wait_s_per_s=0.33)
+        tr = busy(trainer(workers=4, worker_cpu=7.3, wait=0.015, usable=2, cpu_set=(0, 1), main=main),
+                  runqueue=0.065)
+        return snapshot(t, [tr], host(2, cpu=95.0))
+
+    findings, plan = plan_of(story(30, make))
+    relative = plan.evidence["model"]["relative_steps_per_s"]
+    assert relative["w=1 pf=2"] == pytest.approx(relative["w=4 pf=2"], abs=0.01)
+    assert "DataLoader" not in changes(findings)

@@ -177,8 +177,11 @@ def _main_among_workers(t: Terms, s: Setting, serial: float, main_cpu: float, cp
                         workers: float, cpus: float) -> float:
     """The main process's rate when its workers' threads and its own outnumber the CPUs.
 
-    The scheduler then gives its busy thread a fair share `sigma` of a CPU, so its compute
-    stretches while the workers run. The workers, faster meanwhile, fill their prefetch
+    The scheduler then gives each of its busy threads a fair share `sigma` of a CPU, so its
+    compute stretches while the workers run. A step that computes on several threads (an
+    intra-op pool: a convolution, a matmul) needs all of them at once, since each waits for
+    the others at the op's end: it counts as that many threads against the CPUs, and a
+    single worker's burst already takes one of them away. The workers, faster meanwhile, fill their prefetch
     queue and stop until it drains; the main process then runs alone. The rate is the mix of
     the two phases that keeps the queue level: between the shared and the lone rate, never
     past the CPUs (this is why a CPU-heavy loop gains less from more workers than its CPU
@@ -187,7 +190,7 @@ def _main_among_workers(t: Terms, s: Setting, serial: float, main_cpu: float, cp
     # favours the thread that wakes, and the loop wakes for every batch.
     runnable = min(cpus, s.num_workers * max(1.0, t.threads if s.threads_per_worker != 1 else 1.0),
                    cpu_per_batch * workers)
-    sigma = min(1.0, cpus / (1.0 + runnable))
+    sigma = min(1.0, cpus / (max(1.0, t.main_threads) + runnable))
     compute = main_cpu / max(1.0, t.main_threads)  # its busiest thread's CPU per step
     if sigma >= 1.0 or compute <= 0.0:
         return float("inf")
