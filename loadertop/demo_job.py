@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 
 import torch
@@ -66,9 +67,18 @@ class Item:
         self.cfg = cfg
         self.objects = [{"id": i, "name": f"item-{i}"} for i in range(cfg["objects"])]
         self.threads_set = False
+        self.images: list[str] = []
+        if cfg["images"]:
+            from .demo_images import write_images
+
+            self.images = write_images(cfg["image_dir"], cfg["images"])
 
     def make(self, i: int):
         cfg = self.cfg
+        if self.images:
+            from .demo_images import decode
+
+            return decode(self.images[i % len(self.images)], seed=i), i % 10
         if cfg["item_units"]:
             work(cfg["item_units"])
         if cfg["sleep_ms"]:
@@ -144,6 +154,25 @@ class LimitThreads:
         torch.set_num_threads(self.threads)
 
 
+class SmallCNN:
+    """The step of an image pipeline on the CPU: a small CNN trained on the batch's images, its
+    convolutions run on the loop's torch threads."""
+
+    def __init__(self, width: int) -> None:
+        c = width
+        self.model = torch.nn.Sequential(
+            torch.nn.Conv2d(3, c, 5, stride=2), torch.nn.ReLU(), torch.nn.Conv2d(c, 2 * c, 3, stride=2),
+            torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(2 * c, 10))
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
+
+    def train_on(self, batch) -> None:
+        images = _first_tensor(batch).float().div_(255.0)
+        loss = torch.nn.functional.cross_entropy(self.model(images), batch[1])
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+
+
 def build(args):
     cfg = vars(args)
 
@@ -162,10 +191,10 @@ def build(args):
     dataset = StreamData(cfg) if args.iterable else MapData(cfg)
     train = loader(dataset, args.workers)
     val = loader(ValData(cfg), args.val_workers) if args.val_workers else None
-    if args.watch:
+    if args.watch or args.tune:
         from loadertop import watch
 
-        train = watch(train, name="train")
+        train = watch(train, name="train", tune=args.tune)
         val = watch(val, name="val") if val is not None else None
     return train, val
 
@@ -192,8 +221,18 @@ def main(argv=None) -> int:
     p.add_argument("--objects", type=int, default=0, help="Python objects the dataset holds")
     p.add_argument("--objects-per-item", type=int, default=200, help="objects each item reads")
     p.add_argument("--worker-threads", type=int, default=1, help="torch threads per worker")
-    p.add_argument("--main-threads", type=int, default=1, help="torch threads of the training loop")
+    p.add_argument("--main-threads", type=int, default=1,
+                   help="torch threads of the training loop (0: one per usable CPU, torch's default)")
     p.add_argument("--matmuls", type=int, default=4)
+    p.add_argument("--images", type=int, default=0,
+                   help="items decode one of N real JPEG files with PIL (crop, resize to 224, flip)")
+    p.add_argument("--image-dir", default=os.path.join(tempfile.gettempdir(), "loadertop-demo-images"),
+                   help="where the JPEG files are written once and kept")
+    p.add_argument("--step-matmul", type=int, default=0,
+                   help="the step also multiplies two N x N matrices on the loop's torch threads")
+    p.add_argument("--step-matmuls", type=int, default=1, help="how many such products a step computes")
+    p.add_argument("--step-conv", type=int, default=0,
+                   help="the step trains a small CNN of this width on the batch's images (with --images)")
     p.add_argument("--limit-worker-threads", type=int, default=0,
                    help="a worker_init_fn that caps each worker's thread pools at N")
     p.add_argument("--val-workers", type=int, default=0, help="a validation loader each epoch")
@@ -207,6 +246,8 @@ def main(argv=None) -> int:
     p.add_argument("--dist", action="store_true", help="join a gloo process group (torchrun)")
     p.add_argument("--device", default="cpu", help="cpu, or cuda for a GPU training step")
     p.add_argument("--watch", action="store_true", help="publish exact data wait with loadertop.watch")
+    p.add_argument("--tune", action="store_true",
+                   help="watch(..., tune=True): tune num_workers and prefetch_factor in place")
     args = p.parse_args(argv)
     per_ms = args.work_per_ms or (calibrate() if args.item_ms or args.step_cpu_ms else 0.0)
     args.item_units = units_for(args.item_ms, per_ms)
@@ -218,7 +259,7 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     # One compute thread in the loop: a small model gains nothing from more, and a pool
     # that competes with the workers for the CPUs would blur every scenario.
-    torch.set_num_threads(args.main_threads)
+    torch.set_num_threads(args.main_threads or len(os.sched_getaffinity(0)))
     if args.dist and "RANK" in os.environ:
         import torch.distributed as dist
 
@@ -237,6 +278,9 @@ def main(argv=None) -> int:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(32 if device.type == "cpu" else 1024, width, device=device)
     y = torch.randint(0, 10, (x.shape[0],), device=device)
+    big = torch.randn(args.step_matmul, args.step_matmul)
+    cnn = SmallCNN(args.step_conv) if args.step_conv else None
+    product = torch.empty_like(big)
 
     started = time.perf_counter()
     waited = 0.0
@@ -270,7 +314,7 @@ def main(argv=None) -> int:
             # that the CPUs are free for the workers meanwhile, as they are while a GPU computes.
             end = time.perf_counter() + args.step_ms / 1000.0
             while True:
-                shift = _first_tensor(batch)[:1, :1].to(device, non_blocking=True).mean()
+                shift = _first_tensor(batch)[:1, :1].to(device, non_blocking=True).float().mean()
                 loss = torch.nn.functional.cross_entropy(model(x + shift), y)
                 opt.zero_grad()
                 loss.backward()
@@ -282,6 +326,12 @@ def main(argv=None) -> int:
                     break
             if step_units:
                 work(step_units)
+            if cnn is not None:
+                cnn.train_on(batch)
+            for _ in range(args.step_matmuls if args.step_matmul else 0):
+                # A multi-threaded op: every one of the loop's threads must finish its share,
+                # so one preempted thread holds the whole product back.
+                torch.mm(big, big, out=product)
             if device.type != "cuda" and args.step_ms:
                 time.sleep(max(0.0, end - time.perf_counter()))
             steps += 1

@@ -15,7 +15,17 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from .fields import EXPORTED, FINDING_METRIC, LAST_SAMPLE, PROCESS_INFO, PROCESS_LABELS, SAMPLE_ERRORS
+from .fields import (
+    EXPORTED,
+    FINDING_METRIC,
+    LAST_SAMPLE,
+    PROCESS_INFO,
+    PROCESS_LABELS,
+    SAMPLE_ERRORS,
+    TUNE_DECISIONS,
+    TUNE_EXPORTED,
+    TUNE_STATE,
+)
 from .model import Finding, Snapshot
 from .rules import Diagnoser
 
@@ -123,6 +133,7 @@ class Exporter:
                         value = metric.value(p)
                         if value is not None:
                             families[metric.name].add_metric(labels, float(value))
+        yield from self._tune(snap, host)
         for metric in EXPORTED:
             if metric.scope == "host":
                 value = metric.value(snap.host)
@@ -134,6 +145,31 @@ class Exporter:
         for f in findings:
             active.add_metric([host, str(f.trainer_pid or ""), f.id, f.severity], 1.0)
         yield active
+
+
+    @staticmethod
+    def _tune(snap: Snapshot, host: str):
+        """Each tuned loader's in-place tuner: its setting, state and decisions."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        labels = [*TUNE_EXPORTED[0].labels]
+        families = [GaugeMetricFamily(m.name, m.help, labels=labels) for m in TUNE_EXPORTED]
+        state = GaugeMetricFamily(*TUNE_STATE, labels=[*labels, "state"])
+        decisions = GaugeMetricFamily(*TUNE_DECISIONS, labels=[*labels, "action"])
+        for t in snap.trainers:
+            for loader in t.loaders:
+                tune = loader.tune
+                if tune is None:
+                    continue
+                at = [host, str(t.pid), "" if t.rank is None else str(t.rank), loader.dataset_class or ""]
+                for metric, family in zip(TUNE_EXPORTED, families, strict=True):
+                    value = metric.value(tune) if metric.value is not None else None
+                    if value is not None:
+                        family.add_metric(at, float(value))
+                state.add_metric([*at, tune.state], 1.0)
+                for action in ("try", "keep", "revert", "settle", "off"):
+                    decisions.add_metric([*at, action], float(sum(d.action == action for d in tune.decisions)))
+        yield from (*families, state, decisions)
 
 
 class _Server(ThreadingHTTPServer):

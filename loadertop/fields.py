@@ -156,11 +156,12 @@ class Metric:
     name: str
     help: str
     scope: str  # host | trainer | process
-    value: object  # function of the HostSnapshot / TrainerSnapshot / ProcessSample
+    value: Callable[[Any], Any] | None  # of the HostSnapshot / TrainerSnapshot / ProcessSample / TuneState
 
     @property
     def labels(self) -> list[str]:
         return {"host": HOST_LABELS, "trainer": TRAINER_LABELS, "process": PROCESS_LABELS,
+                "loader": [*TRAINER_LABELS, "loader"],
                 "finding": ["hostname", "trainer_pid", "id", "severity"]}[self.scope]
 
 
@@ -199,6 +200,20 @@ EXPORTED = (
     Metric("loadertop_host_dataloader_workers", "DataLoader workers of every trainer on the host", "host",
            lambda h: h.dataloader_workers),
 )
+# A tuned loader's in-place tuner (watch(loader, tune=True)), labelled by the loader's dataset class.
+TUNE_EXPORTED = (
+    Metric("loadertop_tune_num_workers", "num_workers the in-place tuner runs the loader on now (a trial while "
+           "trying)", "loader", lambda tune: tune.setting.num_workers if tune.setting else None),
+    Metric("loadertop_tune_prefetch_factor", "prefetch_factor the in-place tuner runs the loader on now", "loader",
+           lambda tune: tune.setting.prefetch_factor if tune.setting else None),
+    Metric("loadertop_tune_steps_per_second", "steps per second the in-place tuner measured over its latest "
+           "stretch", "loader", lambda tune: tune.steps_per_s),
+    Metric("loadertop_tune_cost_seconds", "time the in-place tuner took inside the training loop so far", "loader",
+           lambda tune: tune.cost_s),
+)
+TUNE_STATE = ("loadertop_tune_state", "1 for the in-place tuner's state: warm-up, measuring, trying, settled or off")
+TUNE_DECISIONS = ("loadertop_tune_decisions", "decisions the in-place tuner made, by action (try, keep, revert, "
+                  "settle, off)")
 FINDING_METRIC = Metric("loadertop_finding", "1 for each active finding, by id and severity", "finding", None)
 PROCESS_INFO = ("loadertop_process_info", "1 for each watched process: its pid, by worker_id and role")
 LAST_SAMPLE = ("loadertop_last_sample_timestamp_seconds",

@@ -21,6 +21,7 @@ import struct
 import sys
 import time
 import warnings
+from typing import Any
 
 MAGIC = b"LTHOOK1\0"
 SIZE = 4096
@@ -93,7 +94,7 @@ def _dispatched(loader) -> bool:
     return isinstance(rank, int) and rank != 0
 
 
-def _worker_pids(iterator) -> list[int]:
+def worker_pids(iterator) -> list[int]:
     """The worker processes of a torch DataLoader iterator (none for num_workers=0)."""
     try:
         return [int(p.pid) for p in getattr(iterator, "_workers", ()) if p.pid]
@@ -142,6 +143,8 @@ class _Publisher:
         self.batches = 0
         self.first = 0.0
         self.last = 0.0
+        self.batch_bytes = 0
+        self.tuner: Any = None  # the in-place tuner of this name (watch(..., tune=True)), kept across re-watching
         try:
             fd = _create(self.path)
             try:
@@ -173,19 +176,30 @@ class _Publisher:
         if pids != self.config.get("worker_pids"):
             self.publish_config({**self.config, "worker_pids": pids})
 
-    def publish_config(self, config: dict) -> None:
+    def publish_tune(self, state: dict) -> None:
+        """The tuner's state and its latest decisions: as many as fit the page."""
+        decisions = state.get("decisions", [])
+        for keep in (len(decisions), 8, 4, 2, 1, 0):
+            tune = {**state, "decisions": decisions[len(decisions) - keep:] if keep else []}
+            if self.publish_config({**self.config, "tune": tune}):
+                return
+
+    def publish_config(self, config: dict) -> bool:
+        """False when the settings do not fit the page (they are not written)."""
         if self.map is None:
-            return
+            return False
         try:
-            self.config = config
-            blob = json.dumps(self.config, default=str).encode()
+            blob = json.dumps(config, default=str).encode()
             if len(blob) > SIZE - CONFIG_AT:
-                return  # too many to list: the monitor falls back to the workers it finds
+                return False  # too many to list: the monitor falls back to the workers it finds
+            self.config = config
             # The bytes first, then their length: a reader never sees a length past them.
             self.map[CONFIG_AT : CONFIG_AT + len(blob)] = blob
             struct.pack_into("<I", self.map, CONFIG_LEN_AT, len(blob))
+            return True
         except Exception:  # the hook must never break training
             self.map = None
+            return False
 
     def entering(self) -> None:
         if self.map is not None:
@@ -211,7 +225,8 @@ class _Publisher:
             self.batches += delivered
             if delivered and self.batches == 1:
                 self.first = now
-                struct.pack_into("<Q", self.map, BYTES_AT, _batch_bytes(batch))
+                self.batch_bytes = _batch_bytes(batch)
+                struct.pack_into("<Q", self.map, BYTES_AT, self.batch_bytes)
             self.last = now
             COUNTERS.pack_into(self.map, COUNTERS_AT, now, self.wait_ns, self.batches, self.first, self.last)
             struct.pack_into("<d", self.map, IN_NEXT_AT, 0.0)
@@ -239,7 +254,8 @@ def publisher(name: str, config: dict, directory: str = DIRECTORY) -> _Publisher
     path = hook_path(os.getpid(), name, directory)
     pub = _live.get(path)
     if pub is not None and pub.map is not None:
-        pub.publish_config({**config, "worker_pids": pub.config.get("worker_pids", [])})
+        kept = {k: pub.config[k] for k in ("worker_pids", "tune") if k in pub.config}
+        pub.publish_config({**config, "worker_pids": [], **kept})
         return pub
     pub = _Publisher(name, config, directory)
     if pub.map is not None:
@@ -279,19 +295,59 @@ class _Iterator:
         return getattr(self._it, name)
 
 
+class _TunedIterator(_Iterator):
+    """An epoch under the in-place tuner: each batch's timing goes to it as well, and a
+    StatefulDataLoader may go on with another iterator mid-epoch."""
+
+    __slots__ = ("_tuner", "_loader")
+
+    def __init__(self, it, pub: _Publisher, tuner, loader) -> None:
+        super().__init__(it, pub)
+        self._tuner = tuner
+        self._loader = loader
+
+    def __next__(self):
+        self._pub.entering()
+        t0 = time.perf_counter_ns()
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            self._pub.record(time.perf_counter_ns() - t0, None, delivered=False)
+            self._tuner.end()
+            raise
+        except BaseException:
+            self._pub.record(time.perf_counter_ns() - t0, None, delivered=False)
+            raise
+        now = time.perf_counter_ns()
+        self._pub.record(now - t0, batch)
+        if self._tuner.delivered(now, now - t0):
+            self._it = self._tuner.switch(self._loader)
+        return batch
+
+
 class WatchedLoader:
     """Iterates exactly like the wrapped loader; every other attribute is the loader's."""
 
-    def __init__(self, loader, name: str | None = None, directory: str = DIRECTORY) -> None:
+    def __init__(self, loader, name: str | None = None, directory: str = DIRECTORY, tune: bool = False,
+                 shards_by_worker: bool = False) -> None:
         self._loader = loader
         self._name = name or f"loader{next(_names)}"
         self._directory = directory
         self._pub = publisher(self._name, _config(loader), directory)
+        self._tuner = tuner_of(self._pub, self._name, shards_by_worker) if tune else None
 
     def __iter__(self):
-        it = iter(self._loader)
-        self._pub.publish_workers(_worker_pids(it))
-        return _Iterator(it, self._pub)
+        tuner = self._tuner
+        if tuner is None:
+            it = iter(self._loader)
+            self._pub.publish_workers(worker_pids(it))
+            return _Iterator(it, self._pub)
+        tuner.boundary(self._loader)
+        with tuner.building():
+            it = iter(self._loader)
+        self._pub.publish_workers(worker_pids(it))
+        tuner.begin(self._loader, it)
+        return _TunedIterator(it, self._pub, tuner, self._loader)
 
     def __len__(self):
         return len(self._loader)
@@ -300,10 +356,30 @@ class WatchedLoader:
         return getattr(self._loader, name)
 
 
-def watch(loader, name: str | None = None, directory: str = DIRECTORY):
-    """Wrap a DataLoader so that loadertop reads its exact data wait. Returns the wrapper."""
+def tuner_of(pub: _Publisher, name: str, shards_by_worker: bool = False):
+    """The publisher's tuner (one per watched name: a loader watched again goes on with it)."""
+    if pub.tuner is None:
+        try:
+            from .autotune.tuner import Tuner  # only with tune=True: nothing else pays for it
+
+            pub.tuner = Tuner(name, pub.publish_tune, lambda: {**pub.config, "batch_bytes": pub.batch_bytes or None},
+                              shards_by_worker=shards_by_worker)
+        except Exception as e:  # the hook must never break training: watched, not tuned
+            warnings.warn(f"loadertop tune {name}: off ({type(e).__name__}: {e})", RuntimeWarning, stacklevel=4)
+            return None
+    return pub.tuner
+
+
+def watch(loader, name: str | None = None, directory: str = DIRECTORY, tune: bool = False,
+          shards_by_worker: bool = False):
+    """Wrap a DataLoader so that loadertop reads its exact data wait. Returns the wrapper.
+
+    tune=True: measure num_workers and prefetch_factor in place while the job trains, and
+    keep what is measured faster (loadertop/autotune). shards_by_worker=True: the loader's
+    IterableDataset shards its items by worker so that the epoch yields the same items
+    whatever the count (without it, an IterableDataset is watched but not tuned)."""
     if "accelerate.accelerator" in sys.modules:
         from .hook_accelerate import teach  # here: it needs WatchedLoader, defined above
 
         teach()  # accelerator.prepare(watched) then shards the loader and keeps it watched
-    return WatchedLoader(loader, name, directory)
+    return WatchedLoader(loader, name, directory, tune=tune, shards_by_worker=shards_by_worker)

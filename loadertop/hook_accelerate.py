@@ -42,7 +42,9 @@ def _rewatch(watched: WatchedLoader, rebuilt):
     """The loader Accelerate built, under the watched one's name: the publisher goes on."""
     if rebuilt is watched._loader or isinstance(rebuilt, WatchedLoader):
         return watched
-    return WatchedLoader(rebuilt, watched._name, watched._directory)
+    rewatched = WatchedLoader(rebuilt, watched._name, watched._directory)
+    rewatched._tuner = watched._tuner  # the same name's publisher: the same tuner goes on
+    return rewatched
 
 
 def _prepare(prepare):

@@ -19,8 +19,10 @@ from .hook import DIRECTORY
 class LoadertopCallback(TrainerCallback):
     """Publishes the training loader's data wait for loadertop to read."""
 
-    def __init__(self, directory: str = DIRECTORY) -> None:
-        self.train = FetchGaps("train", directory, "huggingface")
+    def __init__(self, directory: str = DIRECTORY, tune: bool = False) -> None:
+        # tune=True: the training loader's num_workers and prefetch_factor are tuned in place
+        # between epochs (loadertop/autotune); the loader itself is the framework's.
+        self.train = FetchGaps("train", directory, "huggingface", tune=tune)
 
     def on_epoch_begin(self, args, state, control, train_dataloader=None, **kwargs):
         self.train.start(train_dataloader, new_iterator=True)

@@ -21,8 +21,10 @@ from .hook import DIRECTORY
 class LoadertopCallback(Callback):
     """Publishes the train and validation loaders' data wait for loadertop to read."""
 
-    def __init__(self, directory: str = DIRECTORY) -> None:
-        self.train = FetchGaps("train", directory, "lightning")
+    def __init__(self, directory: str = DIRECTORY, tune: bool = False) -> None:
+        # tune=True: the training loader's num_workers and prefetch_factor are tuned in place
+        # between epochs (loadertop/autotune); the loader itself is the framework's.
+        self.train = FetchGaps("train", directory, "lightning", tune=tune)
         self.val = FetchGaps("val", directory, "lightning")
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:

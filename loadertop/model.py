@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .autotune.policy import Decision, Knobs
+
 
 @dataclass(frozen=True)
 class Notice:
@@ -124,6 +126,38 @@ class DataWait:
 
 
 @dataclass(frozen=True)
+class TuneState:
+    """A loader's in-place tuner (`watch(loader, tune=True)`), as its hook published it."""
+
+    state: str  # warm-up | measuring | trying | settled | off
+    setting: Knobs | None  # what the loader runs on now (a trial while trying)
+    started_with: Knobs | None
+    epoch: int
+    steps_per_s: float | None  # the latest stretch's measured rate
+    cost_s: float | None  # time the tuner took in the training loop so far
+    reason: str  # why it is off
+    decisions: tuple[Decision, ...]  # oldest first
+
+    @property
+    def summary(self) -> str:
+        """'tune: trying num_workers 4 -> 2 (epoch 5)', 'tune: settled on num_workers=2 ...'."""
+        last = self.decisions[-1] if self.decisions else None
+        if self.state == "off":
+            return f"tune: off ({self.reason})" if self.reason else "tune: off"
+        if self.state == "trying" and last is not None and last.action == "try" and last.old and last.new:
+            return f"tune: trying {last.old.arrow(last.new)} (epoch {self.epoch})"
+        if self.state == "settled" and self.setting is not None:
+            kept = [d for d in self.decisions if d.action == "keep"]
+            since = ""
+            if kept and self.started_with is not None and self.started_with != self.setting:
+                since = f" (from {self.started_with.short(self.setting)})"
+            return f"tune: settled on {self.setting.label()}{since}"
+        if self.state == "warm-up":
+            return "tune: warming up"
+        return f"tune: measuring {self.setting.label()}" if self.setting else "tune: measuring"
+
+
+@dataclass(frozen=True)
 class LoaderConfig:
     """One DataLoader: its workers' `_worker_loop` arguments (py-spy --locals) or what the
     hook publishes."""
@@ -137,6 +171,7 @@ class LoaderConfig:
     batch_bytes: int | None = None  # one batch's tensors (the hook measures the first)
     iterable: bool | None = None
     source: str = "py-spy"  # py-spy | hook
+    tune: TuneState | None = None  # the loader's in-place tuner, where the hook runs one
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterable, Sequence
 
 from .files import write_atomic
-from .model import Finding, GpuSnapshot, Notice, ProcessSample, Snapshot, TrainerSnapshot
+from .model import Finding, GpuSnapshot, Notice, ProcessSample, Snapshot, TrainerSnapshot, TuneState
 from .notices import NoticeBoard
 from .numbers import mean_of
 from .rules import diagnose_with_plans
@@ -137,6 +137,7 @@ def _trainer(last: TrainerSnapshot, snaps: Sequence[Snapshot], plan: Plan | None
                 "num_workers": loader.num_workers,
                 "persistent_workers": loader.persistent_workers,
                 "worker_pids": list(loader.worker_pids),
+                **({"tune": tune_dict(loader.tune)} if loader.tune is not None else {}),
             }
             for loader in last.loaders
         ],
@@ -151,6 +152,21 @@ def _trainer(last: TrainerSnapshot, snaps: Sequence[Snapshot], plan: Plan | None
         "cpu_quota": last.cpu_quota,
         "verdict": verdict(last, findings)[0],
         "plan": plan.as_dict() if plan is not None and last.status == "running" else None,
+    }
+
+
+def tune_dict(tune: TuneState) -> dict:
+    """A loader's in-place tuner (`watch(loader, tune=True)`): its state and every decision."""
+    return {
+        "state": tune.state,
+        "setting": tune.setting.as_dict() if tune.setting else None,
+        "started_with": tune.started_with.as_dict() if tune.started_with else None,
+        "epoch": tune.epoch,
+        "steps_per_s": tune.steps_per_s,
+        "cost_s": tune.cost_s,
+        "reason": tune.reason or None,
+        "summary": tune.summary,
+        "decisions": [d.as_dict() for d in tune.decisions],
     }
 
 

@@ -34,6 +34,24 @@ def plan_line(t: dict) -> str:
     return f"Change `{' '.join(parts)}`{loader}{effect}."
 
 
+def tune_lines(t: dict) -> list[str]:
+    """Each tuned loader's decisions, epoch by epoch (`watch(loader, tune=True)`)."""
+    out = []
+    for loader in t.get("loaders") or []:
+        tune = loader.get("tune")
+        if not tune:
+            continue
+        name = f" for `{loader['dataset_class']}`" if loader.get("dataset_class") else ""
+        out += [f"In-place tuning{name}: {tune['summary']} (its own cost so far: {_num(tune['cost_s'], '{:.3f}')} s).",
+                "", "| epoch | decision | measured steps/s | noise |", "|---|---|---|---|"]
+        for d in tune["decisions"]:
+            gain = _num(d["measured_gain"], "{:+.0%}")
+            noise = _num(d["noise"], "±{:.0%}")
+            out.append(f"| {d['epoch']} | {d['text'].split(': ', 1)[-1].replace('|', '/')} | {gain} | {noise} |")
+        out.append("")
+    return out
+
+
 def processes(t: dict) -> list[tuple[str, dict]]:
     """A report trainer's processes as the tables name them: main, w0, w1… (w? before py-spy
     has read a worker's id)."""
@@ -96,6 +114,7 @@ def render(report: dict) -> str:
         if env:
             lines.append(f"| environment | {env} |")
         lines.append("")
+        lines += tune_lines(t)
         lines.append("| " + " | ".join(WORKER_FIELD[k].header for k in REPORT_COLUMNS) + " |")
         lines.append("|" + "---|" * len(REPORT_COLUMNS))
         for label, p in processes(t):

@@ -5,7 +5,9 @@ stay free. It writes the loop's own measure of its data wait, as loadertop.demo_
 {"log": [[epoch time, waited s, elapsed s, steps], ...]}.
 
 --hook: the framework's loadertop form (watch() for StatefulDataLoader and Accelerate, the
-callbacks for Lightning and the Hugging Face Trainer); --hook-rank R under torchrun: on rank R only.
+callbacks for Lightning and the Hugging Face Trainer), --tune with it: that form with tune=True;
+--hook-rank R under torchrun: on rank R only. The truth file also says, at the end, the
+workers the loader ended with ("num_workers").
 --dispatch (Accelerate, under torchrun):
 rank 0 loads every rank's batches and broadcasts them; each rank writes --ready and --truth
 with ".RANK" appended.
@@ -73,7 +75,8 @@ class Truth:
 
 
 def loader(cls, args):
-    return cls(Slow(args.sleep_ms), batch_size=args.batch_size, num_workers=args.workers, persistent_workers=True)
+    return cls(Slow(args.sleep_ms, args.epoch_items), batch_size=args.batch_size, num_workers=args.workers,
+               persistent_workers=args.workers > 0)
 
 
 def run_plain_loop(train, truth: Truth, step_ms: float) -> None:
@@ -96,7 +99,7 @@ def stateful(args, truth: Truth) -> None:
 
     train = loader(StatefulDataLoader, args)
     if args.hook:
-        train = loadertop.watch(train, name="train")
+        train = loadertop.watch(train, name="train", tune=args.tune)
     # A checkpoint and a resume, as a trainer does: through the wrapper when there is one.
     it = iter(train)
     for _ in range(3):
@@ -107,7 +110,7 @@ def stateful(args, truth: Truth) -> None:
     gc.collect()
     resumed = loader(StatefulDataLoader, args)
     if args.hook:
-        resumed = loadertop.watch(resumed, name="train")
+        resumed = loadertop.watch(resumed, name="train", tune=args.tune)
     resumed.load_state_dict(state)
     run_plain_loop(resumed, truth, args.step_ms)
 
@@ -128,7 +131,7 @@ def accelerate(args, truth: Truth) -> None:
     # preparation is collective). Watched first: prepare() must still shard the loader, and
     # hand it back watched.
     train = loader(DataLoader, args)
-    model, train = accelerator.prepare(torch.nn.Linear(256, 1), loadertop.watch(train, name="train")
+    model, train = accelerator.prepare(torch.nn.Linear(256, 1), loadertop.watch(train, name="train", tune=args.tune)
                                        if args.hook else train)
     prepared = type(getattr(train, "_loader", train)).__name__
     assert prepared in ("DataLoaderShard", "DataLoaderDispatcher"), f"prepare() left a {prepared} unprepared"
@@ -172,7 +175,7 @@ def lightning(args, truth: Truth) -> None:
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
-    callbacks = [Gaps()] + ([LoadertopCallback()] if args.hook else [])
+    callbacks = [Gaps()] + ([LoadertopCallback(tune=args.tune)] if args.hook else [])
     trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1000, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks)
     trainer.fit(Model(), train_dataloaders=loader(DataLoader, args))
@@ -222,17 +225,21 @@ def huggingface(args, truth: Truth) -> None:
 
     with tempfile.TemporaryDirectory() as out:
         training = TrainingArguments(out, per_device_train_batch_size=args.batch_size, max_steps=10**6,
-                                     dataloader_num_workers=args.workers, dataloader_persistent_workers=True,
+                                     dataloader_num_workers=args.workers,
+                                     dataloader_persistent_workers=args.workers > 0,
                                      use_cpu=True, report_to=[], save_strategy="no", logging_strategy="no",
                                      disable_tqdm=True)
-        callbacks = [Gaps()] + ([LoadertopCallback()] if args.hook else [])
-        Trainer(model=Model(), args=training, train_dataset=SlowDicts(args.sleep_ms), callbacks=callbacks).train()
+        callbacks = [Gaps()] + ([LoadertopCallback(tune=args.tune)] if args.hook else [])
+        Trainer(model=Model(), args=training, train_dataset=SlowDicts(args.sleep_ms, args.epoch_items),
+                callbacks=callbacks).train()
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--framework", choices=["stateful", "lightning", "accelerate", "huggingface"], required=True)
     p.add_argument("--hook", action="store_true")
+    p.add_argument("--tune", action="store_true", help="with --hook: the framework's form with tune=True")
+    p.add_argument("--epoch-items", type=int, default=10**6, help="items an epoch")
     p.add_argument("--hook-rank", type=int, help="under torchrun: the framework's loadertop form on this rank only")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=4)

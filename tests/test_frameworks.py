@@ -111,3 +111,40 @@ def test_a_rank_waiting_for_accelerates_dispatch_is_sent_to_rank_0(job):
     loading = [f for f in report["findings"] if f["trainer_pid"] == ranks[0]["pid"] and f["id"] == "input_bound"]
     assert loading and loading[0]["change"]["DataLoader"]["num_workers"] > 1, loading
 
+
+
+def test_each_framework_tunes_its_loader_in_place_and_ends_on_the_faster_setting(job, tmp_path):
+    # Lightning's callback, Accelerate's prepare() of a watched loader and the Hugging Face
+    # Trainer's callback, each with tune=True, from one worker on items that sleep 20 ms: more
+    # workers are faster on any machine. Each settles on more workers, measured faster, as
+    # the monitor reads the trainer's hook file.
+    frameworks = ("lightning", "accelerate", "huggingface")
+    missing = [PACKAGES[f] for f in frameworks if importlib.util.find_spec(PACKAGES[f].split(".")[0]) is None]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)} (the test extras)")
+    from loadertop.hook import hook_path
+    from loadertop.probes.hooks import read_hook
+
+    stop = tmp_path / "stop"
+    jobs = {f: job("--framework", f, "--hook", "--tune", "--workers", "1", "--sleep-ms", "20", "--batch-size", "4",
+                   "--step-ms", "10", "--epoch-items", "200", "--duration", "300", "--stop", str(stop),
+                   module="framework_job", env=ENV) for f in frameworks}
+
+    def settled(j):
+        try:
+            tune = read_hook(hook_path(j.pid, "train"))["config"]["tune"]
+        except (TypeError, KeyError):
+            return None
+        return tune if tune is not None and tune.state in ("settled", "off") else None
+
+    for j in jobs.values():
+        j.wait_ready(timeout=120)
+    for framework, j in jobs.items():
+        tune = wait_for(lambda j=j: settled(j), timeout=240, what=f"{framework}'s tuner to settle")
+        assert tune.state == "settled", (framework, tune)
+        assert tune.started_with.num_workers == 1 and tune.setting.num_workers > 1, (framework, tune)
+        kept = [d for d in tune.decisions if d.action == "keep"]
+        assert kept and kept[0].gain > 0.3, (framework, tune.decisions)
+    stop.touch()
+    for framework, j in jobs.items():
+        assert j.proc.wait(timeout=60) == 0, (framework, j.output()[-2000:])

@@ -15,7 +15,7 @@ import loadertop
 
 PACKAGE = Path(loadertop.__file__).parent
 # Code that runs inside a training job or a tune trial, where torch is already loaded.
-IN_THE_TRAINER = {"demo_job.py", "tune/examples.py", "tune/trial.py", "lightning.py", "huggingface.py"}
+IN_THE_TRAINER = {"demo_job.py", "demo_images.py", "tune/examples.py", "tune/trial.py", "lightning.py", "huggingface.py"}
 # Packages that load torch when imported.
 TORCH = ("torch", "torchdata", "lightning", "pytorch_lightning", "transformers", "accelerate")
 # The entry point may start the live view; nothing else outside the TUI may import it.

@@ -17,8 +17,9 @@ import time
 from collections import deque
 
 from .. import notices as N
+from ..autotune.policy import Decision, Knobs
 from ..hook import CONFIG_AT, HEADER, MAGIC, SIZE
-from ..model import LOOP_NAMES, DataWait, LoaderConfig, Notice
+from ..model import LOOP_NAMES, DataWait, LoaderConfig, Notice, TuneState
 from . import procfs
 
 # Listing /dev/shm is not for every tick: with torch's file_system sharing strategy it holds
@@ -62,6 +63,64 @@ def _loop(value) -> str | None:
     return loop
 
 
+TUNE_STATES = ("warm-up", "measuring", "trying", "settled", "off")
+TUNE_ACTIONS = ("try", "keep", "revert", "settle", "off")
+MAX_DECISIONS = 64
+
+
+def _number(value, name: str, low: float = 0.0, high: float = 1e15) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (low <= value <= high):
+        raise HookError(f"{name} is not a number in range")
+    return float(value)
+
+
+def _knobs(value, name: str) -> Knobs | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise HookError(f"{name} is not a setting")
+    workers = _int(value.get("num_workers"), f"{name}.num_workers", high=MAX_WORKER_PIDS)
+    if workers is None:
+        raise HookError(f"{name} has no num_workers")
+    return Knobs(workers, _int(value.get("prefetch_factor"), f"{name}.prefetch_factor", high=1 << 16))
+
+
+def _choice(value, name: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise HookError(f"{name} is {str(value)[:20]!r}, not one of {', '.join(allowed)}")
+    return value
+
+
+def parse_tune(raw) -> TuneState | None:
+    """The tuner's state as `watch(..., tune=True)` publishes it, every field checked."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise HookError("tune is not an object")
+    decisions = raw.get("decisions") or []
+    if not isinstance(decisions, list) or len(decisions) > MAX_DECISIONS:
+        raise HookError("tune.decisions is not a short list")
+    parsed = []
+    for d in decisions:
+        if not isinstance(d, dict):
+            raise HookError("a tune decision is not an object")
+        parsed.append(Decision(
+            _choice(d.get("action"), "a tune decision's action", TUNE_ACTIONS), _knobs(d.get("from"), "from"),
+            _knobs(d.get("to"), "to"), _number(d.get("measured_gain"), "measured_gain", -1.0, 1e6),
+            _number(d.get("noise"), "noise", 0.0, 1e6), _str(d.get("reason"), "reason", 500) or "",
+            epoch=_int(d.get("epoch"), "epoch") or 0, batch=_int(d.get("batch"), "batch", high=2**62) or 0,
+            at=_number(d.get("at"), "at") or 0.0))
+    return TuneState(state=_choice(raw.get("state"), "tune.state", TUNE_STATES),
+                     setting=_knobs(raw.get("setting"), "tune.setting"),
+                     started_with=_knobs(raw.get("started_with"), "tune.started_with"),
+                     epoch=_int(raw.get("epoch"), "tune.epoch") or 0,
+                     steps_per_s=_number(raw.get("steps_per_s"), "tune.steps_per_s"),
+                     cost_s=_number(raw.get("cost_s"), "tune.cost_s"),
+                     reason=_str(raw.get("reason"), "tune.reason", 500) or "", decisions=tuple(parsed))
+
+
 def parse_config(blob: bytes) -> dict:
     """The hook's loader settings, every field checked; unknown fields dropped."""
     if not blob:
@@ -87,6 +146,7 @@ def parse_config(blob: bytes) -> dict:
         "loop": _loop(raw.get("loop")),
         "multiprocessing_context": _str(raw.get("multiprocessing_context"), "multiprocessing_context", 64),
         "worker_pids": [_int(p, "a worker pid", low=1) for p in pids],
+        "tune": parse_tune(raw.get("tune")),
     }
 
 
@@ -264,7 +324,8 @@ class HookReader:
             mine = tuple(p for p in worker_pids if p in published) if published else worker_pids
             out.append(LoaderConfig(c.get("dataset_class"), c.get("num_workers"), c.get("persistent_workers"), mine,
                                     prefetch_factor=c.get("prefetch_factor"), batch_size=c.get("batch_size"),
-                                    batch_bytes=c.get("batch_bytes"), iterable=c.get("iterable"), source="hook"))
+                                    batch_bytes=c.get("batch_bytes"), iterable=c.get("iterable"), source="hook",
+                                    tune=c.get("tune")))
         return tuple(out)
 
     def forget(self, live: set) -> None:

@@ -47,6 +47,14 @@ BUSY_THREAD_MIN_CPU = 0.05
 BUSY_THREAD_OF_BUSIEST = 0.25
 
 
+def busy_thread_count(shares: dict[int, float], helpers: frozenset[int] = frozenset()) -> int:
+    """Threads doing real work, from each thread's share of a core: a real share, and
+    comparable to the busiest thread (on a crowded machine a pool's threads each get little
+    CPU, but they all get it). `helpers`: Python threads that are no pool (queue feeders)."""
+    floor = max(BUSY_THREAD_MIN_CPU, BUSY_THREAD_OF_BUSIEST * max(shares.values(), default=0.0))
+    return sum(1 for tid, share in shares.items() if share >= floor and tid not in helpers)
+
+
 def _frozen_sample(values: dict) -> ProcessSample:
     """A ProcessSample built without the frozen dataclass's __init__, which sets each field
     through object.__setattr__: 4 µs of the ~50 a process costs per tick. The object is the
@@ -209,10 +217,7 @@ class ProcessSampler:
                 for tid, value in ticks.items()
                 if tid in slow.thread_ticks
             }
-            # Busy: a real share of a core, and comparable to the busiest thread. On a
-            # crowded machine a pool's threads each get little CPU, but they all get it.
-            floor = max(BUSY_THREAD_MIN_CPU, BUSY_THREAD_OF_BUSIEST * max(shares.values(), default=0.0))
-            slow.busy_threads = sum(1 for tid, share in shares.items() if share >= floor and tid not in helpers)
+            slow.busy_threads = busy_thread_count(shares, helpers)
             waited = sum(w - slow.thread_wait_ns[t] for t, w in waits.items() if t in slow.thread_wait_ns)
             slow.runqueue_wait = max(0.0, waited / 1e9 / dt)
         slow.thread_ticks = ticks

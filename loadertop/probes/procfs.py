@@ -20,10 +20,16 @@ PROC = "/proc"
 
 
 def _boot_time() -> float:
-    with open(f"{PROC}/stat") as f:
-        for line in f:
-            if line.startswith("btime "):
-                return float(line.split()[1])
+    """When the machine booted (epoch seconds); 0.0 where /proc cannot be read (a sandbox that
+    hides it): importing this module must not fail, as the in-place tuner imports it inside
+    the training job."""
+    try:
+        with open(f"{PROC}/stat") as f:
+            for line in f:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    except (OSError, ValueError):
+        pass
     return 0.0
 
 

@@ -169,7 +169,8 @@ def with_plan(f: Finding, plan: Plan) -> Finding:
         return f
     change = plan.change(*f.parts)
     sentence = plan.sentence(f.parts)
-    suggestion = "; ".join(s for s in (sentence, f.note) if s)
+    tune = plan.tune_text() if "workers" in f.parts else ""
+    suggestion = "; ".join(s for s in (sentence, f.note, tune) if s)
     return replace(f, change=change, suggestion=suggestion)
 
 

@@ -40,6 +40,7 @@ class LoaderWindow:
     thread_pools: tuple[str, ...]  # pools their libraries can run
     doing: str | None  # the frame seen most in recent stacks
     batch_bytes: int | None  # one batch's tensors, where the hook measured it
+    tune: str | None = None  # its in-place tuner's state (watch(..., tune=True)), None: not tuned
 
     @property
     def demand(self) -> float:
@@ -165,6 +166,7 @@ def _loader_window(config: LoaderConfig | None, members: tuple[ProcessSample, ..
         thread_pools=tuple(pools),
         doing=frames.most_common(1)[0][0] if frames else None,
         batch_bytes=config.batch_bytes if config else None,
+        tune=config.tune.state if config and config.tune else None,
     )
 
 
@@ -209,16 +211,22 @@ def cpu_budget(snap: Snapshot, trainer: TrainerSnapshot, window: Sequence[Traine
     fair = available * fair_cpus / size
     cpus = max(fair, available - others_use) if overlapping else available
     cpus = max(T.MIN_PLANNED_CPUS, min(available, cpus))
-    if overlapping and cpus < available - 1e-6:
-        limit = "shared"
-    elif others_busy >= T.BUSY_HOST_SHARE * size and room < (quota if quota is not None else size):
-        limit = "busy_host"
-    elif quota is not None and quota < size - 1e-6 and quota <= room:
-        limit = "quota"
-    else:
-        limit = "cpus"
+    limit = limit_of(bool(overlapping) and cpus < available - 1e-6, others_busy, size, quota)
     return CpuBudget(cpus=cpus, cpu_set=size, quota=quota, shared_with=len(overlapping),
                      others_busy=others_busy, used=used, throttled=throttled, limit=limit)
+
+
+def limit_of(shared: bool, others_busy: float, size: int, quota: float | None) -> str:
+    """What bounds a trainer's CPUs: sharing them with other DataLoader trainers, other
+    processes keeping them busy, its quota, or simply how many it may run on."""
+    room = size - others_busy
+    if shared:
+        return "shared"
+    if others_busy >= T.BUSY_HOST_SHARE * size and room < (quota if quota is not None else size):
+        return "busy_host"
+    if quota is not None and quota < size - 1e-6 and quota <= room:
+        return "quota"
+    return "cpus"
 
 
 def _shared_part(ours: Sequence[int], theirs: Sequence[int]) -> float:

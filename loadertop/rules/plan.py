@@ -65,6 +65,7 @@ class Plan:
     iterable: bool | None = None
     cpus_text: str = ""
     loop: str | None = None  # the framework whose loop runs the loader: the change in its terms
+    tuned: str | None = None  # the loader's in-place tuner's state, where it runs one
 
     @property
     def changes_workers(self) -> bool:
@@ -136,6 +137,19 @@ class Plan:
         if "shm" in parts and self.shm_size:
             out.append(f"--shm-size={self.shm_size}")
         return out
+
+    def tune_text(self) -> str:
+        """What the in-place tuner does with this plan's worker change: it measures it where
+        the loader runs one, and would apply it without a restart where it could."""
+        if not self.changes_workers or self.iterable or self.cause == DISPATCHED:
+            return ""
+        if self.tuned in ("warm-up", "measuring", "trying"):
+            return "the loader's tune=True is measuring its settings"
+        if self.tuned is not None:
+            return ""
+        callback = self.loop in ("lightning", "huggingface")
+        form = "LoadertopCallback(tune=True)" if callback else "loadertop.watch(loader, tune=True)"
+        return f"{form} would apply this without a restart"
 
     def cap_text(self) -> str:
         if self.limit in CPU_LIMITS:
@@ -247,7 +261,7 @@ def _env_limit(m: Measured) -> dict:
     return {"DataLoader": {"worker_init_fn": f"lambda _: {body}"}}
 
 
-def _batch_bytes(m: Measured) -> float | None:
+def batch_bytes(m: Measured) -> float | None:
     lw = m.loader
     if lw is None or lw.num_workers == 0:
         return None
@@ -261,7 +275,7 @@ def _batch_bytes(m: Measured) -> float | None:
     return None
 
 
-def _fits(m: Measured, s: Setting, batch: float | None) -> str | None:
+def fits(m: Measured, s: Setting, batch: float | None) -> str | None:
     """None when the setting fits the trainer's memory and /dev/shm, else which it overflows."""
     lw = m.loader
     extra = s.num_workers - (lw.num_workers if lw else 0)
@@ -303,14 +317,20 @@ def size_flag(nbytes: float) -> str:
     return f"{max(64, 64 * math.ceil(nbytes / 2**20 / 64))}m"
 
 
+def most_workers(m: Measured, now: Setting, cause: str) -> int:
+    """The most workers a plan may propose: as many as the CPUs run, and past the cores for
+    loaders that wait on I/O (IO_WORKERS_PER_CPU each); never more than now for workers
+    starved of CPU or throttled. /dev/shm and memory are `fits`'s."""
+    if cause in OVERSUBSCRIBED or _starved(m):
+        return now.num_workers
+    return max(now.num_workers, min(T.MAX_WORKERS, math.ceil(T.IO_WORKERS_PER_CPU * max(1.0, m.budget.cpus))))
+
+
 def _candidates(m: Measured, t: Terms, now: Setting, cause: str) -> list[Setting]:
     threads = [0]
     if cause == THREADS:
         threads = [1]
-    top = max(now.num_workers, min(T.MAX_WORKERS, math.ceil(T.IO_WORKERS_PER_CPU * max(1.0, m.budget.cpus))))
-    if cause in OVERSUBSCRIBED or _starved(m):
-        top = now.num_workers  # never more workers for CPU-starved or throttled ones
-    workers = range(0 if now.num_workers == 0 else 1, top + 1)
+    workers = range(0 if now.num_workers == 0 else 1, most_workers(m, now, cause) + 1)
     prefetch = sorted({now.prefetch_factor, *range(1, now.prefetch_factor)})
     return [Setting(n, k, p if n else now.prefetch_factor) for n in workers for k in threads for p in prefetch]
 
@@ -331,18 +351,18 @@ def make_plan(m: Measured, hung: bool = False) -> Plan:
     thread_change = _env_limit(m) if cause == THREADS else None
     base: dict[str, Any] = dict(cause=cause, loader=lw.dataset_class if lw else None, now=now, wait_now=m.wait,
                 thread_change=thread_change, evidence=evidence, iterable=m.iterable, cpus_text=cpus_text,
-                loop=m.loop)
+                loop=m.loop, tuned=lw.tune if lw else None)
     if cause in (STALLED, DISPATCHED, UNKNOWN) or t is None:
         pressure = bool(m.shm_total and m.shm_peak and m.shm_peak >= T.SHM_WARNING * m.shm_total)
         return Plan(chosen=_without_data_wait(m, now, cause), gain=None, wait_after=None, limit=None,
                     shm_size=size_flag(2.0 * (m.shm_peak or 0)) if pressure else None,
                     **{**base, "thread_change": thread_change if t is None and cause != STALLED else None})
-    batch = _batch_bytes(m)
+    batch = batch_bytes(m)
     current = predict(t, now)
     options: list[Prediction] = []
     refused: dict[str, list[Prediction]] = {}
     for s in _candidates(m, t, now, cause):
-        why = _fits(m, s, batch)
+        why = fits(m, s, batch)
         if why is None:
             options.append(predict(t, s))
         else:
@@ -358,7 +378,7 @@ def make_plan(m: Measured, hung: bool = False) -> Plan:
     best = max(options or [current], key=lambda p: p.relative(current))
     good = [p for p in options or [current] if p.relative(current) >= (1 - T.TOLERANCE) * best.relative(current)]
     chosen = min(good, key=cost)
-    now_fits = _fits(m, now, batch) is None
+    now_fits = fits(m, now, batch) is None
     cheaper = cost(chosen) < cost(current)
     if chosen.setting != now and chosen.gain_over(current) < T.MIN_GAIN:
         # Not worth a restart for speed; cheaper only for a cost reason, and at no real loss.

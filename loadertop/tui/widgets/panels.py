@@ -95,8 +95,16 @@ class HeaderPanel(Panel):
             line.append("   REPLAY", style="bold cyan")
         top.truncate(width)
         line.truncate(width)
+        tune = next((loader.tune for loader in trainer.loaders if loader.tune is not None), None)
         change = the_change(trainer, findings, plan)
-        todo = Text(" → " + change, style="bold green") if change else Text(" no change to make", style="dim")
+        if tune is not None and tune.state != "off":
+            # The tuner sizes the workers itself: what it does, and any change it cannot make.
+            rest = plan.sentence(("threads", "shm")) if plan is not None and plan.change("threads", "shm") else ""
+            todo = Text(" ⟳ " + tune.summary + (f" · {rest}" if rest else ""), style="bold cyan")
+        elif change:
+            todo = Text(" → " + change, style="bold green")
+        else:
+            todo = Text(" no change to make", style="dim")
         todo.truncate(width, overflow="ellipsis")
         self.show(Text("\n").join([top, line, todo]))
 

@@ -1,0 +1,162 @@
+"""Changing a DataLoader's worker count and prefetch in place, where the batches cannot change.
+
+torch's DataLoader (torch/utils/data/dataloader.py) lets `num_workers` and `prefetch_factor`
+be set after it is built; they take effect when it builds its next iterator. Only these two
+are ever set here. What else a change must respect:
+
+- With `persistent_workers=True` the loader keeps one iterator for its lifetime: a new count
+  needs that iterator's workers shut down first, and then a new iterator is built where the
+  untouched loop would only have reset the old one. Building one draws the workers' base
+  seed from the loader's generator (the global RNG when it has none), which would shift
+  every later shuffle; that draw is taken from a private generator instead, so the sampler
+  sees exactly the RNG state it would have seen.
+- A map-style loader's batches come from its sampler, not its workers (with `in_order`, the
+  default): they do not depend on the count. An IterableDataset's do (each worker yields its
+  own stream): it is tuned only where the user says it shards by worker.
+- torchdata's StatefulDataLoader saves its place (`state_dict()`), which lets the count
+  change mid-epoch: the state is the sampler's position and, per worker, the dataset's
+  (none for a map-style dataset that keeps no state), so the same position with another
+  count yields the same batches in the same order (tests/test_autotune_live.py proves it
+  for the installed torchdata).
+
+Accelerate's DataLoaderShard keeps the DataLoader it wraps in `base_dataloader`: settings go
+to that one. torch is never imported here: its module is taken from the training script's.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from contextlib import contextmanager
+
+from .policy import Knobs
+
+# Wrappers that keep the real loader inside (Accelerate's DataLoaderAdapter).
+_INNER = ("base_dataloader",)
+
+
+def innermost(loader):
+    """The DataLoader whose settings build its iterators."""
+    seen = 0
+    while seen < 8:
+        seen += 1
+        inner = next((vars(loader)[a] for a in _INNER if a in getattr(loader, "__dict__", {})), None)
+        if inner is None:
+            return loader
+        loader = inner
+    return loader
+
+
+def knobs_of(loader) -> Knobs:
+    n = int(loader.num_workers)
+    return Knobs(n, loader.prefetch_factor if n else None)
+
+
+def is_stateful(loader) -> bool:
+    """torchdata's StatefulDataLoader (by name: torchdata is not imported here)."""
+    return any(c.__name__ == "StatefulDataLoader" for c in type(loader).__mro__)
+
+
+def why_not_tunable(loader, shards_by_worker: bool) -> str | None:
+    """None when the tuner may change this loader's count, else why not (one warning)."""
+    for attr in ("num_workers", "prefetch_factor", "persistent_workers", "dataset"):
+        if not hasattr(loader, attr):
+            return f"{type(loader).__name__} has no {attr}: not a torch DataLoader"
+    dataset = loader.dataset
+    iterable = any(c.__name__ == "IterableDataset" for c in type(dataset).__mro__)
+    if iterable and not shards_by_worker:
+        return (f"{type(dataset).__name__} is an IterableDataset: each worker yields its own stream, so the "
+                "worker count changes what the loop sees; pass shards_by_worker=True if it shards by "
+                "get_worker_info() so that the epoch yields the same items whatever the count")
+    if getattr(loader, "batch_size", 1) is None and getattr(loader, "batch_sampler", None) is None and iterable:
+        return "the loader yields unbatched items of an IterableDataset"
+    return None
+
+
+def apply(loader, knobs: Knobs) -> bool:
+    """Set knobs for the loader's next iterator; with persistent workers, shut the current
+    iterator's workers down first. True when a persistent iterator was shut down (the next
+    one must be built with `private_seed`)."""
+    if knobs == knobs_of(loader):
+        return False
+    stopped = False
+    iterator = getattr(loader, "_iterator", None)
+    if loader.persistent_workers and iterator is not None:
+        loader._iterator = None  # first: a failed shutdown must not leave a dead iterator to reset
+        iterator._shutdown_workers()
+        stopped = True
+    loader.num_workers = knobs.num_workers
+    loader.prefetch_factor = knobs.prefetch_factor if knobs.num_workers else loader.prefetch_factor
+    return stopped
+
+
+def base_seed(loader) -> int:
+    iterator = getattr(loader, "_iterator", None)
+    return int(getattr(iterator, "_base_seed", 0) or 0) & 0x7FFF_FFFF_FFFF_FFFF
+
+
+@contextmanager
+def private_seed(loader, seed: int):
+    """Build an iterator whose workers' base seed comes from a private generator: the RNG the
+    sampler draws from is left as an untouched loop would leave it."""
+    torch = sys.modules.get("torch")
+    original = loader.generator
+    if torch is None:
+        yield
+        return
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    loader.generator = generator
+    try:
+        yield
+    finally:
+        loader.generator = original
+
+
+@contextmanager
+def quiet_worker_count():
+    """torch warns at each iterator that more workers than CPUs may be slow: the tuner measured
+    that count, and an I/O-bound loader gains from it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+        yield
+
+
+def can_switch_mid_epoch(loader, new: Knobs) -> bool:
+    """A StatefulDataLoader over a map-style dataset that keeps no state of its own, from
+    workers to workers: its saved place carries over to another count."""
+    if not is_stateful(loader) or getattr(loader, "_iterator", None) is None:
+        return False
+    dataset = loader.dataset
+    if any(c.__name__ == "IterableDataset" for c in type(dataset).__mro__) or hasattr(dataset, "state_dict"):
+        return False
+    return loader.num_workers > 0 and new.num_workers > 0 and getattr(loader, "in_order", True)
+
+
+def translate_state(state: dict, num_workers: int) -> dict:
+    """A multi-process StatefulDataLoader's saved place, for `num_workers` workers: the main
+    process's snapshot (the sampler's position) with the count changed, and no per-worker
+    snapshot (a map-style dataset's workers keep none that matters), the next batch going to
+    worker 0. KeyError where the format is not torchdata's as tested."""
+    snapshot = state["_snapshot"]
+    main = snapshot["_main_snapshot"]
+    if main["_num_workers"] == num_workers:
+        return state
+    return {**state, "_snapshot": {**snapshot, "_main_snapshot": {**main, "_num_workers": num_workers},
+                                   "_worker_snapshots": {}, "_last_yielded_worker_id": num_workers - 1}}
+
+
+def switch(loader, knobs: Knobs):
+    """Change a StatefulDataLoader's count mid-epoch: save its place, shut its workers down,
+    restore the place with the new count. Returns the new iterator."""
+    state = translate_state(loader.state_dict(), knobs.num_workers)
+    seed = base_seed(loader)
+    iterator = loader._iterator
+    loader._iterator = None
+    iterator._shutdown_workers()
+    loader.num_workers = knobs.num_workers
+    loader.prefetch_factor = knobs.prefetch_factor
+    loader.load_state_dict(state)
+    with private_seed(loader, seed), quiet_worker_count():
+        return iter(loader)
+

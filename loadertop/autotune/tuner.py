@@ -1,0 +1,446 @@
+"""`watch(loader, tune=True)`: the loop that measures a setting and keeps it or goes back.
+
+The hook already times every `next()`. The tuner adds, per watched loader:
+
+- warm-up: nothing is measured or changed in the first WARMUP_BATCHES batches;
+- stretches: the batches after it, at one setting, timed (steps per second and its noise)
+  and measured from /proc (measure.py) at most every READ_EVERY_S;
+- at the next epoch boundary once a stretch is long enough (or mid-epoch, for a
+  StatefulDataLoader that can carry its place over), the Explorer (policy.py) judges the
+  setting just measured and names the next one, from the plan (rules/plan.py) and the
+  plausible neighbours; the change is applied to the loader for its next iterator
+  (loader.py).
+
+Every decision goes to the hook file (the monitor shows it) and to the `loadertop.tune`
+logger. Any error inside the tuner turns it off with one warning; the loader then keeps the
+last setting it measured good, and the loop goes on. Nothing here runs until tune=True.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import warnings
+from contextlib import ExitStack, contextmanager
+
+from ..hook import worker_pids
+from ..probes import procfs
+from ..probes.discovery import WORKER_COMM
+from . import loader as L
+from . import measure as M
+from .policy import MIN_GAIN as POLICY_MIN_GAIN
+from .policy import Decision, Explorer, Knobs, Proposal, Stretch, chunk_rates, compare, neighbours, with_workers
+
+log = logging.getLogger("loadertop.tune")
+
+WARMUP_BATCHES = 20  # the first epoch's first batches: caches, workers, allocators warm up
+MIN_STRETCH_BATCHES = 30
+MIN_STRETCH_S = 2.0
+MID_EPOCH_STRETCH_S = 5.0  # a StatefulDataLoader's stretch, changed mid-epoch
+# A stretch goes on (over epochs if they are short) until its reading is clear: a trial's gain
+# or loss out of the noise, the kept setting's rate within this relative standard error; or
+# until this long.
+KEPT_RELATIVE_ERROR = 0.02
+MAX_STRETCH_S = 30.0
+CHECK_EVERY_BATCHES = 16  # a mid-epoch stretch is looked at this often (the check reads every batch's time)
+MAX_SETTLE_BATCHES = 64
+MAX_DURATIONS = 200_000  # batch durations one stretch keeps (a very long epoch is cut there)
+# Run-queue wait of the loop's busy threads, seconds per second, from which its CPUs count as
+# contended: the workers' bursts preempt the step's own threads.
+CONTENDED_RUNQUEUE = 0.03
+CONTENDED_CPU_SHARE = 0.9  # or the trainer keeps this share of its CPUs busy
+SHM_FULL = 0.9  # /dev/shm this full: the tuner stops rather than risk a worker's "Bus error"
+
+
+class TunerOff(Exception):
+    """The tuner cannot go on: the reason is the warning's."""
+
+
+class Tuner:
+    def __init__(self, name: str, publish, config, shards_by_worker: bool = False) -> None:
+        self.name = name
+        self.publish = publish  # writes the tuner's state into the hook file
+        self.config = config  # the loader's settings as the hook published them (a callable)
+        self.shards_by_worker = shards_by_worker
+        self.explorer: Explorer | None = None
+        self.state = "warm-up"  # warm-up | measuring | trying | settled | off
+        self.reason = ""
+        self.decisions: list[Decision] = []
+        self.started_with: Knobs | None = None
+        self.epoch = 0
+        self.batches = 0
+        self.me: M.Self | None = None
+        self.loader = None  # the loader whose epoch runs (for its workers)
+        self.readings: list[M.Reading] = []  # the stretch's first and latest, of one set of workers
+        self.durations: list[float] = []  # the stretch's batch durations (seconds)
+        self.wait_ns = 0
+        self.skip = WARMUP_BATCHES  # batches not measured before the stretch starts
+        self.last_ns: int | None = None  # the previous batch's delivery, in this segment
+        self.read_ns = 0  # when the latest reading was taken
+        self.cost_ns = 0  # time the tuner itself took in the loop (readings, deciding, applying)
+        self.worker_pids: list[int] = []
+        self.find_workers = False  # look the workers up at the segment's first batch
+        self.mid_epoch = False  # the loader can change mid-epoch (StatefulDataLoader)
+        self.restore: tuple | None = None  # (loader, seed): the next iterator's workers' private seed
+        self.armed: ExitStack | None = None  # that seed in place while a framework builds the iterator
+        self.pending: Knobs | None = None  # the setting to go back to at the next boundary (off)
+        self.last_rate: float | None = None
+        self.clock = time.perf_counter_ns  # the hook's clock: batch times come from it too
+
+    # --- the loop's calls ---------------------------------------------------------------
+
+    @property
+    def idle(self) -> bool:
+        return self.state in ("settled", "off")
+
+    def boundary(self, loader, framework: bool = False) -> None:
+        """An epoch boundary: the loader is about to build its next iterator (`framework`:
+        a framework builds it, out of `building()`'s reach)."""
+        self.last_ns = None
+        self._release()
+        if self.state == "off":
+            self._go_back(loader)
+            return
+        t0 = self.clock()
+        with self._guarded():
+            inner = L.innermost(loader)
+            if self.explorer is None:
+                why = L.why_not_tunable(inner, self.shards_by_worker)
+                if why is not None:
+                    raise TunerOff(why)
+                self.me = M.Self()
+                self.started_with = L.knobs_of(inner)
+                self.explorer = Explorer(self.started_with)
+                self._publish()
+            self.epoch += 1
+            if not self.idle and self._stretch_done(MIN_STRETCH_S):
+                self._decide()
+            self.mid_epoch = not framework and inner is loader and L.is_stateful(inner)
+            self._apply(inner)
+            if framework and self.restore is not None:
+                self.armed = ExitStack()  # until the framework's iterator gives its first batch
+                self.armed.enter_context(L.private_seed(*self.restore))
+                self.restore = None
+        self.cost_ns += self.clock() - t0
+
+    def _release(self) -> None:
+        if self.armed is not None:
+            armed, self.armed = self.armed, None
+            armed.close()
+
+    @contextmanager
+    def building(self):
+        """Around the loader's `iter()`: a replaced persistent iterator takes its workers'
+        seed from a private generator; torch's more-workers-than-CPUs warning is the
+        tuner's own measured choice."""
+        restore, self.restore = self.restore, None
+        if restore is None:
+            with L.quiet_worker_count():
+                yield
+            return
+        with L.private_seed(*restore), L.quiet_worker_count():
+            yield
+
+    def begin(self, loader, iterator=None) -> None:
+        """The epoch's iterator is built (or a framework is building it): the batches from
+        now on are one segment, timed from here."""
+        self.loader = loader
+        if self.idle:
+            return
+        self.last_ns = self.clock()
+        self.find_workers = True
+        if iterator is not None:
+            with self._guarded():
+                self._look_up_workers(iterator)
+
+    def delivered(self, now_ns: int, waited_ns: int) -> bool:
+        """A batch reached the loop. True when a mid-epoch change is due (then switch())."""
+        self.batches += 1
+        if self.armed is not None:
+            self._release()
+        if self.idle:
+            return False
+        last, self.last_ns = self.last_ns, now_ns
+        if self.find_workers:
+            with self._guarded():
+                self._look_up_workers(None)
+        if self.skip > 0:
+            self.skip -= 1
+            if self.skip == 0:
+                self._start_stretch()
+            return False
+        if last is None:
+            return False
+        if len(self.durations) < MAX_DURATIONS:
+            self.durations.append((now_ns - last) / 1e9)
+            self.wait_ns += waited_ns
+        if now_ns - self.read_ns >= M.READ_EVERY_S * 1e9:
+            self._read()
+        return (self.mid_epoch and not self.idle and len(self.durations) % CHECK_EVERY_BATCHES == 0
+                and self._stretch_done(MID_EPOCH_STRETCH_S))
+
+    def resume(self) -> None:
+        """The loop fetches again after something else (validation inside an epoch)."""
+        if not self.idle:
+            self.last_ns = self.clock()
+
+    def end(self) -> None:
+        """The epoch ended (StopIteration, or the framework's epoch end)."""
+        self.last_ns = None
+        if self.idle or self.skip > 0 or not self.durations:
+            return
+        if len(self.readings) < 2 or self.clock() - self.read_ns >= M.READ_EVERY_S * 1e9:
+            self._read()  # the pair of this set of workers, before they go with the epoch
+
+    def switch(self, loader):
+        """A mid-epoch decision for a StatefulDataLoader; returns the iterator to go on with."""
+        t0 = self.clock()
+        iterator = loader._iterator
+        with self._guarded():
+            self._decide()
+            if self.explorer is not None and self.explorer.current != L.knobs_of(loader):
+                iterator = L.switch(loader, self.explorer.current)
+                self.worker_pids = worker_pids(iterator)
+        self.last_ns = self.clock()
+        self.cost_ns += self.last_ns - t0
+        return iterator
+
+    # --- measuring ----------------------------------------------------------------------
+
+    def _look_up_workers(self, iterator) -> None:
+        self.find_workers = False
+        pids = self._workers(self.loader, iterator)
+        if pids != self.worker_pids:
+            self.worker_pids = pids
+            if self.skip == 0 and not self.idle and self.explorer is not None:
+                self._read()  # the first reading of these workers
+
+    def _stretch_done(self, least_s: float) -> bool:
+        """Enough of the stretch to judge: past its least length, a trial once its gain or
+        loss is clear of the noise (or its time is up), the kept setting once its rate is
+        known well enough to judge the next trial against."""
+        if self.skip > 0 or len(self.durations) < MIN_STRETCH_BATCHES:
+            return False
+        seconds = sum(self.durations)
+        if seconds < least_s:
+            return False
+        if seconds >= MAX_STRETCH_S or self.explorer is None:
+            return True
+        explorer = self.explorer
+        so_far = Stretch(explorer.current, len(self.durations), seconds, 0.0, chunk_rates(self.durations))
+        if explorer.trial is None or explorer.kept_stretch is None:
+            return so_far.relative_error <= KEPT_RELATIVE_ERROR
+        gain, noise = compare(so_far, explorer.kept_stretch)
+        return noise <= max(abs(gain), POLICY_MIN_GAIN)
+
+    def _start_stretch(self) -> None:
+        self.durations = []
+        self.wait_ns = 0
+        self.readings = []
+        explorer = self.explorer
+        self.state = "trying" if explorer is not None and explorer.trial is not None else "measuring"
+        self._read()
+        self._publish()
+
+    def _read(self) -> None:
+        """A reading of this process and its workers: the stretch's pair is its first and
+        latest of one set of workers (a non-persistent loader's go with each epoch)."""
+        if self.me is None or self.state == "off":
+            return
+        t0 = self.clock()
+        with self._guarded():
+            reading = self.me.read(self.worker_pids)
+            if reading.main is None:
+                raise TunerOff(f"cannot read this process's threads in {procfs.PROC}/{self.me.pid}/task")
+            if reading.shm is not None and reading.shm[0] and reading.shm[1] >= SHM_FULL * reading.shm[0]:
+                raise TunerOff(f"{self.me.shm_path} is {reading.shm[1] / reading.shm[0]:.0%} full: more batches "
+                               "in flight could crash a worker (Bus error)")
+            same = self.readings and set(self.readings[0].workers) == set(reading.workers)
+            self.readings = [self.readings[0], reading] if same else [reading]
+        self.read_ns = self.clock()
+        self.cost_ns += self.read_ns - t0
+
+    # --- deciding -----------------------------------------------------------------------
+
+    def _decide(self) -> None:
+        explorer = self.explorer
+        if explorer is None or self.me is None:
+            return
+        if len(self.readings) < 2:
+            self._read()
+        if len(self.readings) < 2 or self.state == "off":
+            return  # no pair of readings yet: the stretch goes on
+        first, last = self.readings[0], self.readings[-1]
+        knobs = explorer.current
+        seconds = sum(self.durations)
+        config = self.config()
+        measured = M.measured(self.me, first, last, wait=min(1.0, self.wait_ns / 1e9 / seconds),
+                              num_workers=knobs.num_workers, prefetch_factor=knobs.prefetch_factor, config=config)
+        stretch = Stretch(knobs, len(self.durations), seconds, self.wait_ns / 1e9, chunk_rates(self.durations),
+                          measured=measured)
+        self.last_rate = stretch.rate
+        judged = explorer.judge(stretch)
+        if judged is not None:
+            self._record(judged)
+        proposed = explorer.propose(self._proposal(explorer.kept_stretch or stretch,
+                                                   bool(config.get("persistent_workers"))))
+        if proposed is not None:
+            self._record(proposed)
+        self.state = "settled" if explorer.settled else ("trying" if explorer.trial else "measuring")
+        self.durations = []
+        self.wait_ns = 0
+        self.readings = []
+        # A new setting is measured once its workers have started and its queue is full
+        # where they start mid-run (persistent workers, a mid-epoch change); a loader whose
+        # workers start every epoch pays that every epoch, so there it is measured too.
+        changed = explorer.current != knobs
+        persistent = bool(config.get("persistent_workers")) or self.mid_epoch
+        self.skip = _settle(explorer.current) if changed and persistent else 0
+        if not self.idle and self.skip == 0:
+            self._start_stretch()
+        self._publish()
+
+    def _proposal(self, stretch: Stretch, persistent: bool) -> Proposal:
+        """Where to look next, from the kept setting's measurement: the plan's setting, then
+        the neighbours the measurement makes plausible."""
+        from ..rules import plan as P
+        from ..rules.throughput import Setting, predict, terms
+
+        m = stretch.measured
+        knobs = stretch.knobs
+        now = Setting(knobs.num_workers, 0, knobs.prefetch_factor or 2)
+        plan = P.make_plan(m)
+        moves: list[tuple[Knobs, str]] = []
+        low = 1 if knobs.num_workers > 0 else 0
+        top = P.most_workers(m, now, plan.cause)
+        batch = P.batch_bytes(m)
+
+        def allowed(k: Knobs) -> bool:
+            setting = Setting(k.num_workers, 0, k.prefetch_factor or 2)
+            return low <= k.num_workers <= top and P.fits(m, setting, batch) is None
+
+        if (plan.changes_workers and not plan.thread_change and plan.gain is not None
+                and plan.gain >= POLICY_MIN_GAIN):
+            suggested = Knobs(plan.chosen.num_workers,
+                              plan.chosen.prefetch_factor if plan.chosen.num_workers else None)
+            if allowed(suggested) and (suggested.num_workers > 0 or not persistent):
+                moves.append((suggested, f"the model predicts {plan.gain:+.0%} steps/s"))
+        down, up = neighbours(knobs.num_workers, low, top)
+        wait = m.wait or 0.0
+        if up is not None and wait / max(1e-9, 1.0 - wait) >= POLICY_MIN_GAIN and plan.cause not in P.OVERSUBSCRIBED:
+            k = with_workers(knobs, up)
+            if allowed(k):
+                moves.append((k, f"the loop waits {wait:.0%} of the time for data"))
+        t = terms(m)
+        if down is not None and _contended(m) and t is not None:
+            k = with_workers(knobs, down)
+            # Only where fewer still keep up: a loop that would wait for them gains nothing.
+            keeps_up = predict(t, Setting(down, 0, k.prefetch_factor or 2)).bound != "workers"
+            if keeps_up and allowed(k):
+                moves.append((k, f"the loop's threads wait {m.main_runqueue:.2f} s/s for a CPU while the "
+                                 f"trainer keeps {_busy(m)} CPUs busy"))
+        if wait < 0.05:  # the loop hardly waits: fewer is the likelier gain
+            moves.sort(key=lambda mv: mv[0].num_workers > knobs.num_workers)
+        return Proposal(moves=tuple(moves))
+
+    def _apply(self, inner) -> None:
+        explorer = self.explorer
+        if explorer is None:
+            return
+        seed = L.base_seed(inner)
+        if L.apply(inner, explorer.current):
+            self.restore = (inner, seed)
+
+    def _go_back(self, loader) -> None:
+        """Off: put the last setting measured good back, once."""
+        target, self.pending = self.pending, None
+        if target is None:
+            return
+        try:
+            inner = L.innermost(loader)
+            seed = L.base_seed(inner)
+            if L.apply(inner, target):
+                self.restore = (inner, seed)
+        except Exception as e:  # the loader stays as it is: the loop must go on
+            log.warning("loadertop tune %s: could not go back to %s: %s", self.name, target.label(), e)
+
+    # --- telling ------------------------------------------------------------------------
+
+    def _record(self, d: Decision) -> None:
+        d = Decision(d.action, d.old, d.new, d.gain, d.noise, d.reason, epoch=self.epoch, batch=self.batches,
+                     at=time.time())
+        self.decisions.append(d)
+        log.info("loadertop tune %s: %s", self.name, d.text())
+
+    def as_dict(self) -> dict:
+        explorer = self.explorer
+        current = explorer.current if explorer else None
+        return {
+            "state": self.state, "reason": self.reason, "epoch": self.epoch,
+            "setting": current.as_dict() if current else None,
+            "started_with": self.started_with.as_dict() if self.started_with else None,
+            "steps_per_s": None if self.last_rate is None else round(self.last_rate, 3),
+            "cost_s": round(self.cost_ns / 1e9, 4),
+            "decisions": [d.as_dict() for d in self.decisions],
+        }
+
+    def _publish(self) -> None:
+        try:
+            self.publish(self.as_dict())
+        except Exception:  # telling must never stop tuning, nor the loop
+            log.debug("loadertop tune %s: could not publish", self.name, exc_info=True)
+
+    @contextmanager
+    def _guarded(self):
+        """Any error in the tuner turns it off with one warning; the loop goes on."""
+        try:
+            yield
+        except Exception as e:
+            self._off(str(e) if isinstance(e, TunerOff) else f"{type(e).__name__}: {e}")
+
+    def _off(self, reason: str) -> None:
+        if self.state == "off":
+            return
+        explorer = self.explorer
+        if explorer is not None and explorer.trial is not None:
+            self.pending = explorer.kept  # the trial was not measured good: back at the next boundary
+        keeps = explorer.kept if explorer else None
+        self.state, self.reason = "off", reason
+        self._record(Decision("off", keeps, keeps, reason=reason))
+        self._publish()
+        text = f"loadertop tune {self.name}: off ({reason})"
+        if keeps is not None:
+            text += f"; the loader keeps {keeps.label()}"
+        warnings.warn(text, RuntimeWarning, stacklevel=4)
+
+    def _workers(self, loader, iterator) -> list[int]:
+        """The workers of the loader being tuned: its iterator's, else this process's
+        DataLoader workers (a framework built the iterator out of our sight)."""
+        inner = L.innermost(loader) if loader is not None else None
+        pids = worker_pids(iterator) or worker_pids(getattr(inner, "_iterator", None))
+        if pids or not getattr(inner, "num_workers", 0):
+            return pids
+        children = procfs.children(os.getpid())
+        named = [p for p in children if (st := procfs.read_stat(p)) is not None and st.comm == WORKER_COMM]
+        return named or children
+
+
+def _settle(knobs: Knobs) -> int:
+    """Batches to skip after a new setting starts: its workers' first batches, the queue filling."""
+    return min(MAX_SETTLE_BATCHES, max(4, knobs.num_workers * (knobs.prefetch_factor or 1)))
+
+
+def _busy(m) -> str:
+    used = m.budget.used
+    return "n/a" if used is None else f"{used:.1f} of {m.budget.cpus:.1f}"
+
+
+def _contended(m) -> bool:
+    """The loop's threads queue for CPUs, or the trainer keeps its CPUs busy: fewer workers
+    may give the step its CPUs back."""
+    threads = max(1.0, m.main_busy_threads)
+    if m.main_runqueue / threads >= CONTENDED_RUNQUEUE:
+        return True
+    used = m.budget.used
+    return used is not None and used >= CONTENDED_CPU_SHARE * m.budget.cpus

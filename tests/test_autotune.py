@@ -1,0 +1,237 @@
+"""The in-place tuner's decisions on synthetic stretches (policy), and its loop on a stand-in
+loader with synthetic batch times: what it tries, keeps, reverts and settles on, and that an
+error inside it turns it off with one warning and leaves the loader on its last good setting.
+Real loaders, real workers: tests/test_autotune_live.py."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from loadertop.autotune import policy as P
+from loadertop.autotune import tuner as TU
+from loadertop.autotune.policy import Decision, Explorer, Knobs, Proposal, Stretch, chunk_rates, neighbours
+
+pytestmark = pytest.mark.unit
+
+ONE, TWO, FOUR = Knobs(1, 2), Knobs(2, 2), Knobs(4, 2)
+
+
+def stretch(knobs: Knobs, rate: float, spread: float = 0.01, n: int = 12, wait: float = 0.0) -> Stretch:
+    """A stretch of n chunks around `rate` batches/s, alternating ±spread."""
+    chunks = tuple(rate * (1 + (spread if i % 2 else -spread)) for i in range(n))
+    batches = 10 * n
+    seconds = batches / rate
+    return Stretch(knobs, batches, seconds, wait * seconds, chunks)
+
+
+# --- measuring -----------------------------------------------------------------------------
+
+
+def test_chunks_cut_a_stretch_into_equal_runs_of_batches():
+    durations = [0.1] * 40 + [0.2] * 40
+    rates = chunk_rates(durations)
+    assert len(rates) == P.MAX_CHUNKS
+    assert rates[0] == pytest.approx(10.0) and rates[-1] == pytest.approx(5.0)
+    assert chunk_rates([0.1] * 3) == ()  # too few batches for one chunk
+
+
+def test_a_stretch_with_too_few_chunks_has_no_finite_error():
+    s = Stretch(ONE, 8, 1.0, 0.0, (8.0, 8.0))
+    assert s.relative_error == float("inf")
+    assert stretch(ONE, 10.0, spread=0.05).relative_error == pytest.approx(0.05 / 12**0.5, rel=0.1)
+
+
+def test_neighbours_step_along_the_ladder_within_the_limits():
+    assert neighbours(4, 1, 16) == (3, 6)
+    assert neighbours(1, 1, 16) == (None, 2)
+    assert neighbours(5, 1, 64) == (4, 6)  # off the ladder: the nearest counts on it
+    assert neighbours(8, 1, 8) == (6, None)
+    assert neighbours(0, 0, 8) == (None, 1)
+
+
+# --- the explorer --------------------------------------------------------------------------
+
+
+def test_a_faster_trial_is_kept_and_a_trial_within_the_noise_is_reverted():
+    e = Explorer(ONE)
+    assert e.judge(stretch(ONE, 10.0)) is None  # the starting setting's measurement
+    tried = e.propose(Proposal(moves=((FOUR, "the model predicts +200% steps/s"),)))
+    assert tried.action == "try" and e.current == FOUR
+    kept = e.judge(stretch(FOUR, 25.0))
+    assert kept.action == "keep" and kept.gain == pytest.approx(1.5) and e.kept == FOUR
+    e.propose(Proposal(moves=((Knobs(6, 2), "the loop waits 8% of the time for data"),)))
+    reverted = e.judge(stretch(Knobs(6, 2), 25.2, spread=0.05))  # +1%: not worth a change
+    assert reverted.action == "revert" and reverted.new == FOUR and e.current == FOUR
+
+
+def test_it_settles_once_no_untried_setting_is_left_and_never_tries_one_twice():
+    e = Explorer(TWO)
+    e.judge(stretch(TWO, 10.0))
+    e.propose(Proposal(moves=((ONE, "fewer"), (Knobs(3, 2), "more"))))
+    assert e.current == ONE
+    e.judge(stretch(ONE, 9.0))
+    assert e.current == TWO
+    second = e.propose(Proposal(moves=((ONE, "fewer"), (Knobs(3, 2), "more"))))
+    assert second.new == Knobs(3, 2)  # the rejected one is not tried again
+    e.judge(stretch(Knobs(3, 2), 10.05))
+    settled = e.propose(Proposal(moves=((ONE, "fewer"), (Knobs(3, 2), "more"))))
+    assert settled.action == "settle" and e.settled and e.current == TWO
+    assert "num_workers=1" in settled.text() and "num_workers=3" in settled.text()
+    assert e.propose(Proposal(moves=((Knobs(8, 2), "more"),))) is None  # settled stays settled
+
+
+def test_a_setting_left_behind_for_a_faster_one_is_not_tried_again():
+    e = Explorer(ONE)
+    e.judge(stretch(ONE, 10.0))
+    e.propose(Proposal(moves=((TWO, "more"),)))
+    e.judge(stretch(TWO, 18.0))
+    d = e.propose(Proposal(moves=((ONE, "fewer"),)))
+    assert d.action == "settle" and e.current == TWO
+
+
+def test_a_gain_inside_the_noise_of_either_stretch_is_not_kept():
+    e = Explorer(ONE)
+    e.judge(stretch(ONE, 10.0, spread=0.3))  # a very noisy reading of the start
+    e.propose(Proposal(moves=((TWO, "more"),)))
+    d = e.judge(stretch(TWO, 11.5))
+    assert d.action == "revert" and d.noise > d.gain
+
+
+def test_exploring_is_bounded():
+    e = Explorer(Knobs(1, 2))
+    e.judge(stretch(Knobs(1, 2), 10.0))
+    for i in range(P.MAX_TRIALS + 3):
+        k = Knobs(i + 2, 2)
+        d = e.propose(Proposal(moves=((k, "more"),)))
+        if d.action == "settle":
+            break
+        e.judge(stretch(k, 10.0 * 1.1 ** (i + 1)))  # each one faster: kept
+    assert e.settled and e.trials == P.MAX_TRIALS
+
+
+def test_decisions_read_as_the_log_and_the_report_say_them():
+    keep = Decision("keep", TWO, FOUR, gain=0.38, noise=0.06, epoch=3)
+    assert keep.text() == "epoch 3: num_workers 2 -> 4, measured +38% steps/s (noise ±6%), kept"
+    revert = Decision("revert", FOUR, TWO, gain=-0.03, noise=float("inf"), epoch=4)
+    assert revert.noise is None and revert.text() == "epoch 4: num_workers 4 -> 2, measured -3% steps/s, reverted"
+    assert Decision("try", FOUR, Knobs(4, 4), reason="why").text() == "prefetch_factor 2 -> 4: trying (why)"
+    assert Decision("try", Knobs(0, None), TWO).text() == "num_workers 0 -> 2: trying"
+    assert keep.as_dict()["to"] == {"num_workers": 4, "prefetch_factor": 2}
+
+
+# --- the tuner's loop, on a stand-in loader -------------------------------------------------
+
+
+class Dataset:
+    pass
+
+
+class Stream:
+    """An IterableDataset, by name (the tuner does not import torch)."""
+
+
+Stream.__name__ = "Stream"
+IterableDataset = type("IterableDataset", (), {})
+StreamData = type("StreamData", (IterableDataset,), {})
+
+
+class Loader:
+    def __init__(self, workers=1, persistent=False, dataset=None) -> None:
+        self.num_workers = workers
+        self.prefetch_factor = 2 if workers else None
+        self.persistent_workers = persistent
+        self.dataset = dataset if dataset is not None else Dataset()
+        self.generator = None
+        self._iterator = None
+
+
+def drive(tuner, loader, epochs, step_s, wait_share=0.0, batches=60):
+    """Epochs of `batches` batches each taking step_s(num_workers) seconds, a share of it
+    waiting in next(); returns the worker counts the loader ran each epoch on."""
+    seen = []
+    clock = [0]
+    tuner.clock = lambda: clock[0]
+    for _ in range(epochs):
+        tuner.boundary(loader)
+        with tuner.building():
+            pass
+        tuner.begin(loader)
+        seen.append(loader.num_workers)
+        step = step_s(loader.num_workers)
+        for _ in range(batches):
+            clock[0] += int(step * 1e9)
+            tuner.delivered(clock[0], int(step * wait_share * 1e9))
+        tuner.end()
+    return seen
+
+
+def make_tuner(**kw):
+    published = []
+    t = TU.Tuner("train", published.append, lambda: {"persistent_workers": False, "dataset_class": "Dataset"}, **kw)
+    return t, published
+
+
+def test_a_loop_that_does_not_wait_on_free_cpus_is_left_alone():
+    t, published = make_tuner()
+    loader = Loader(workers=2)
+    seen = drive(t, loader, 6, lambda n: 0.05)
+    assert set(seen) == {2}
+    assert [d.action for d in t.decisions] == ["settle"]
+    assert published[-1]["state"] == "settled" and published[-1]["setting"]["num_workers"] == 2
+
+
+def test_a_waiting_loop_gets_more_workers_kept_when_faster_and_reverted_when_not():
+    t, _ = make_tuner()
+    loader = Loader(workers=1)
+    # Each worker adds throughput up to 4 of them; the loop waits 75% with one.
+    seen = drive(t, loader, 10, lambda n: 0.08 / min(n, 4), wait_share=0.75)
+    actions = [d.action for d in t.decisions]
+    assert actions[0] == "try" and "keep" in actions, t.decisions
+    assert loader.num_workers >= 4 and seen[-1] == loader.num_workers
+    assert t.state in ("settled", "measuring", "trying")
+    slower = make_tuner()[0]
+    flat = Loader(workers=1)
+    drive(slower, flat, 10, lambda n: 0.02 * (1 + 0.1 * (n > 1)), wait_share=0.75)  # more is slower
+    assert flat.num_workers == 1 and "revert" in [d.action for d in slower.decisions]
+
+
+def test_an_error_inside_the_tuner_turns_it_off_with_one_warning_and_keeps_the_good_setting():
+    class Broken:
+        _base_seed = 7
+
+        def _shutdown_workers(self):
+            raise RuntimeError("the old workers would not stop")
+
+    t, published = make_tuner()
+    t.config = lambda: {"persistent_workers": True}
+    loader = Loader(workers=1, persistent=True)
+    loader._iterator = Broken()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        drive(t, loader, 8, lambda n: 0.08 / min(n, 4), wait_share=0.75)
+    tune_warnings = [w for w in caught if "loadertop tune" in str(w.message)]
+    assert len(tune_warnings) == 1, [str(w.message) for w in caught]
+    assert "would not stop" in str(tune_warnings[0].message) and "keeps num_workers=1" in str(tune_warnings[0].message)
+    assert t.state == "off" and published[-1]["state"] == "off"
+    assert loader.num_workers == 1
+
+
+def test_an_iterable_dataset_is_tuned_only_where_the_user_says_it_shards_by_worker():
+    t, _ = make_tuner()
+    loader = Loader(workers=1, dataset=StreamData())
+    with pytest.warns(RuntimeWarning, match="IterableDataset.*shards_by_worker=True"):
+        drive(t, loader, 3, lambda n: 0.05, wait_share=0.75)
+    assert t.state == "off" and loader.num_workers == 1
+    vouched, _ = make_tuner(shards_by_worker=True)
+    drive(vouched, Loader(workers=1, dataset=StreamData()), 3, lambda n: 0.05, wait_share=0.75)
+    assert vouched.state != "off"
+
+
+def test_no_change_and_no_measurement_in_the_first_epochs_first_batches():
+    t, _ = make_tuner()
+    loader = Loader(workers=1)
+    drive(t, loader, 1, lambda n: 0.5, wait_share=0.9, batches=TU.WARMUP_BATCHES)
+    t.boundary(loader)
+    assert t.decisions == [] and loader.num_workers == 1 and t.durations == []

@@ -1,0 +1,124 @@
+"""What the monitor shows of a loader's in-place tuner: the hook file carries its state and
+decisions (checked like every field a trainer writes), and the live view, the reports, the
+exporter and the findings say what it does."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import jsonschema
+import pytest
+from synth import TRAINER, host, snapshot, story, trainer
+
+from loadertop.autotune.policy import Decision, Explorer, Knobs
+from loadertop.autotune.tuner import Tuner
+from loadertop.hook import _Publisher
+from loadertop.model import TuneState
+from loadertop.probes.hooks import HookError, parse_tune, read_hook
+from loadertop.report import build_report
+from loadertop.report_md import render
+from loadertop.rules import diagnose_with_plans
+from loadertop.tui.app import LoadertopApp
+from loadertop.tui.source import ScriptedSource
+from loadertop.tui.widgets.panels import HeaderPanel
+
+TWO, FOUR = Knobs(2, 2), Knobs(4, 2)
+TRYING = TuneState("trying", FOUR, TWO, 3, 12.5, 0.004, "",
+                   (Decision("try", TWO, FOUR, reason="the model predicts +80% steps/s", epoch=3, batch=90, at=1e9),))
+SETTLED = TuneState("settled", FOUR, TWO, 6, 21.0, 0.01, "", (
+    *TRYING.decisions, Decision("keep", TWO, FOUR, 0.66, 0.05, epoch=5, batch=150, at=1e9 + 20),
+    Decision("settle", FOUR, FOUR, reason="num_workers=6 measured no faster", epoch=6, batch=180, at=1e9 + 30)))
+
+
+def tuned(tune: TuneState, wait: float = 0.62, workers: int = 2):
+    def make(t):
+        tr = trainer(workers=workers, worker_cpu=97.0, wait=wait, usable=8)
+        return snapshot(t, [replace(tr, loaders=(replace(tr.loaders[0], tune=tune),))], host(cpu=40.0))
+
+    return story(20, make)
+
+
+@pytest.mark.unit
+def test_the_tuners_state_reaches_the_monitor_through_the_hook_file(tmp_path):
+    pub = _Publisher("train", {"num_workers": 2, "dataset_class": "D"}, str(tmp_path))
+    tuner = Tuner("train", pub.publish_tune, lambda: pub.config)
+    tuner.started_with, tuner.state, tuner.epoch = TWO, "settled", 6
+    tuner.explorer = Explorer(FOUR)
+    tuner.decisions = list(SETTLED.decisions)
+    tuner._publish()
+    tune = read_hook(pub.path)["config"]["tune"]
+    assert tune.state == "settled" and tune.started_with == TWO and tune.decisions == SETTLED.decisions
+    assert tune.summary == "tune: settled on num_workers=4 prefetch_factor=2 (from num_workers=2)"
+    # More decisions than the page holds: the latest that fit, and the loader's settings stay.
+    tuner.decisions = [SETTLED.decisions[1]] * 60
+    tuner._publish()
+    h = read_hook(pub.path)
+    assert 0 < len(h["config"]["tune"].decisions) < 60 and h["config"]["num_workers"] == 2
+    pub.close()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("hostile", [
+    {"state": "hacked"},
+    {"state": "settled", "decisions": [{"action": "keep"}] * 65},
+    {"state": "settled", "decisions": [{"action": "keep", "epoch": -1}]},
+    {"state": "settled", "setting": {"num_workers": 10**9}},
+    {"state": "settled", "decisions": [{"action": "keep", "measured_gain": float("nan")}]},
+    {"state": "settled", "reason": "x" * 501},
+], ids=["state", "too-many", "negative-epoch", "workers", "nan", "long-reason"])
+def test_a_tune_section_the_monitor_would_not_write_is_refused(hostile):
+    with pytest.raises(HookError):
+        parse_tune(hostile)
+
+
+@pytest.mark.unit
+def test_the_reports_carry_the_tuners_state_and_every_decision():
+    snaps = tuned(SETTLED, wait=0.02)
+    findings, plans = diagnose_with_plans(snaps)
+    report = build_report(snaps, findings, plans=plans)
+    from importlib.resources import files
+
+    schema = json.loads(files("loadertop").joinpath("schema/report-1.json").read_text())
+    jsonschema.validate(report, schema)
+    tune = report["trainers"][0]["loaders"][0]["tune"]
+    assert tune["state"] == "settled" and tune["setting"] == {"num_workers": 4, "prefetch_factor": 2}
+    assert [d["action"] for d in tune["decisions"]] == ["try", "keep", "settle"]
+    assert tune["decisions"][1]["text"] == "epoch 5: num_workers 2 -> 4, measured +66% steps/s (noise ±5%), kept"
+    md = render(report)
+    assert "In-place tuning for `D`: tune: settled on num_workers=4 prefetch_factor=2 (from num_workers=2)" in md
+    assert "| 5 | num_workers 2 -> 4, measured +66% steps/s (noise ±5%), kept | +66% | ±5% |" in md
+
+
+@pytest.mark.unit
+def test_a_finding_says_tune_would_apply_its_change_or_that_the_tuner_measures_it():
+    plain = story(20, lambda t: snapshot(t, [trainer(workers=2, worker_cpu=97.0, wait=0.62, usable=8)],
+                                         host(cpu=40.0)))
+    findings, _ = diagnose_with_plans(plain)
+    (starved,) = [f for f in findings if f.id == "input_bound"]
+    assert starved.suggestion.endswith("loadertop.watch(loader, tune=True) would apply this without a restart")
+    findings, _ = diagnose_with_plans(tuned(TRYING))
+    (starved,) = [f for f in findings if f.id == "input_bound"]
+    assert "tune=True is measuring its settings" in starved.suggestion
+    assert "without a restart" not in starved.suggestion
+
+
+@pytest.mark.unit
+def test_the_exporter_serves_the_tuners_setting_state_and_decisions():
+    from loadertop.export import Exporter
+
+    families = {f.name: f for f in Exporter._tune(tuned(SETTLED)[-1], "h")}
+    labels = {"hostname": "h", "trainer_pid": str(TRAINER), "rank": "", "loader": "D"}
+    assert [(s.labels, s.value) for s in families["loadertop_tune_num_workers"].samples] == [(labels, 4.0)]
+    assert [(s.labels["state"], s.value) for s in families["loadertop_tune_state"].samples] == [("settled", 1.0)]
+    counts = {s.labels["action"]: s.value for s in families["loadertop_tune_decisions"].samples}
+    assert counts == {"try": 1.0, "keep": 1.0, "revert": 0.0, "settle": 1.0, "off": 0.0}
+
+
+async def test_the_live_view_says_what_the_tuner_does_in_place_of_the_change_to_make():
+    app = LoadertopApp(ScriptedSource(tuned(TRYING)))
+    async with app.run_test(size=(120, 36)) as pilot:
+        while not (app.ended and app.ticks_shown > 0):
+            await pilot.pause(0.05)
+        header = str(app.query_one(HeaderPanel).render()).splitlines()
+        assert header[2].startswith(" ⟳ tune: trying num_workers 2 -> 4 (epoch 3)"), header
