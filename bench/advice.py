@@ -122,6 +122,7 @@ def cases() -> list[Case]:
     val = Setting(2, val_workers=2)
     zero = Setting(0)
     healthy = Setting(2)
+    images = Setting(4)
     omp1 = (("OMP_NUM_THREADS", "1"),)
     return [
         Case("cpu_bound", "CPU-bound items, 1 worker, a GPU-like 10 ms step",
@@ -152,6 +153,12 @@ def cases() -> list[Case]:
              ("--item-ms", "2", "--batch-size", "8", "--step-ms", "10"), Setting(2), (), hang=True),
         Case("healthy", "cheap items, a 50 ms GPU-like step",
              ("--item-ms", "1", "--batch-size", "8", "--step-ms", "50"), healthy, _grid(healthy, [1, 2, 3, 4])),
+        # A real image pipeline as a new user writes one: JPEGs decoded by PIL in the workers,
+        # a CNN trained on the CPU by the loop's own threads (torch's default: one per CPU),
+        # more workers than the loop needs.
+        Case("images", "JPEGs decoded by PIL, a CNN step on every CPU, 4 workers on 2 CPUs",
+             ("--images", "64", "--batch-size", "16", "--step-ms", "0", "--step-conv", "32", "--main-threads", "0"),
+             images, _grid(images, [1, 2, 3, 4])),
     ]
 
 
@@ -464,6 +471,23 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def set_quota(cpus: float) -> None:
+    """The cgroup (v1 cpu) the quota case's jobs run in, with a quota of `cpus`."""
+    os.makedirs(CGROUP, exist_ok=True)
+    with open(f"{CGROUP}/cpu.cfs_period_us", "w") as f:
+        f.write("100000")
+    with open(f"{CGROUP}/cpu.cfs_quota_us", "w") as f:
+        f.write(str(int(100000 * cpus)))
+
+
+def clear_quota() -> None:
+    if os.path.isdir(CGROUP):
+        try:
+            os.rmdir(CGROUP)
+        except OSError:
+            pass
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--cases", default=None, help="comma-separated case names (default: all)")
@@ -480,12 +504,9 @@ def main() -> int:
     if args.cases:
         names = args.cases.split(",")
         chosen = [c for c in chosen if c.name in names]
-    if any(c.quota_cpus for c in chosen):
-        os.makedirs(CGROUP, exist_ok=True)
-        with open(f"{CGROUP}/cpu.cfs_period_us", "w") as f:
-            f.write("100000")
-        with open(f"{CGROUP}/cpu.cfs_quota_us", "w") as f:
-            f.write(str(int(100000 * next(c.quota_cpus for c in chosen if c.quota_cpus))))
+    quota = next((c.quota_cpus for c in chosen if c.quota_cpus), None)
+    if quota:
+        set_quota(quota)
     rows = []
     try:
         for case in chosen:
@@ -493,11 +514,8 @@ def main() -> int:
             if args.json:
                 Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
     finally:
-        if os.path.isdir(CGROUP):
-            try:
-                os.rmdir(CGROUP)
-            except OSError:
-                pass
+        if quota:
+            clear_quota()
     print(table(rows))
     return 0
 

@@ -1,5 +1,6 @@
 """Cost of loadertop.watch per next(): a trivial in-memory loader iterated with and without
-the wrapper, interleaved, best of 7 runs of 200k batches each.
+the wrapper, and with tune=True (the tuner times every batch and reads /proc every few
+seconds), interleaved, best of 7 runs of 200k batches each.
 
 Run: python bench/hook_overhead.py
 """
@@ -38,13 +39,18 @@ def main() -> None:
     n = 200_000
     plain = Loader(n)
     watched = watch(Loader(n), name="bench", directory=tempfile.mkdtemp())
-    base, hooked = [], []
+    tuned = watch(Loader(n), name="tuned", directory=tempfile.mkdtemp(), tune=True)
+    base, hooked, tuning = [], [], []
     for _ in range(7):
         base.append(per_batch(plain, n))
         hooked.append(per_batch(watched, n))
-    b, h = min(base), min(hooked)
+        tuning.append(per_batch(tuned, n))
+    b, h, t = min(base), min(hooked), min(tuning)
     print(f"| plain next() | {b * 1e6:.3f} µs |\n| with loadertop.watch | {h * 1e6:.3f} µs |"
-          f"\n| cost of the hook | {(h - b) * 1e6:.2f} µs per batch |")
+          f"\n| with loadertop.watch(tune=True) | {t * 1e6:.3f} µs |"
+          f"\n| cost of the hook | {(h - b) * 1e6:.2f} µs per batch |"
+          f"\n| cost of the hook and the tuner | {(t - b) * 1e6:.2f} µs per batch |"
+          f"\n| the tuner's state | {tuned._tuner.state}, {len(tuned._tuner.decisions)} decisions |")
 
 
 if __name__ == "__main__":

@@ -133,6 +133,9 @@ def _parser() -> argparse.ArgumentParser:
                       help="; ".join(f"{k}: {v[0]}" for k, v in SCENARIOS.items()))
     demo.add_argument("--interval", type=_positive, default=LIVE_INTERVAL_S,
                       help=f"seconds per tick ({LIVE_INTERVAL_S:g})")
+    demo.add_argument("--tune", action="store_true",
+                      help="the job watches its loader with tune=True and short epochs: watch the tuner fix it in "
+                           "place")
     return p
 
 
@@ -179,7 +182,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .tui.source import LiveSource
 
     _require_terminal()
-    proc, note = start_job(args.scenario)
+    proc, note = start_job(args.scenario, tune=args.tune)
     if note:
         print(f"loadertop: {note}", file=sys.stderr)
     try:

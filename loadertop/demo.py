@@ -48,11 +48,19 @@ def _small_shm_wrapper() -> list[str] | None:
     return shm_wrapper(SHM_SIZE) if can_unshare_shm() else None
 
 
-def start_job(scenario: str, duration_s: float = 24 * 3600,
-              argv0: str | None = None) -> tuple[subprocess.Popen, str | None]:
+# With --tune: epochs of about 4 s at the starting setting, so that the tuner's changes, made
+# between epochs, show within a minute.
+TUNE_EPOCH_ITEMS = 160
+
+
+def start_job(scenario: str, duration_s: float = 24 * 3600, argv0: str | None = None,
+              tune: bool = False) -> tuple[subprocess.Popen, str | None]:
     """argv0: what the job's command line shows for the interpreter (screenshots show
-    `python3`, not the path of the machine they were made on)."""
+    `python3`, not the path of the machine they were made on). tune: the job watches its
+    loader with tune=True."""
     _, flags = SCENARIOS[scenario]
+    if tune:
+        flags = [*flags, "--tune", "--epoch-items", str(TUNE_EPOCH_ITEMS)]
     cmd = [argv0 or sys.executable, "-m", "loadertop.demo_job", *flags, "--duration", str(duration_s)]
     env = None
     if argv0:

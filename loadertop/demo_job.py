@@ -291,13 +291,20 @@ def main(argv=None) -> int:
 
     def write_truth(now: float) -> None:
         truth.update(wait_s=waited, elapsed_s=now - started, steps=steps)
-        log.append([time.time(), waited, now - started, steps])
+        if getattr(train, "_tuner", None) is not None:
+            truth["tune"] = train._tuner.as_dict()
+        log.append([time.time(), waited, now - started, steps, epoch])
         tmp = args.truth + ".tmp"
         with open(tmp, "w") as f:
             json.dump(truth, f)
         os.replace(tmp, args.truth)
 
     epoch = 0
+    if args.tune:  # the tuner's decisions, as a user who turns its logger on sees them
+        import logging
+
+        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
+        logging.getLogger("loadertop.tune").setLevel(logging.INFO)
     while time.perf_counter() - started < args.duration:
         it = iter(train)
         while True:

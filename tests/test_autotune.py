@@ -235,3 +235,21 @@ def test_no_change_and_no_measurement_in_the_first_epochs_first_batches():
     drive(t, loader, 1, lambda n: 0.5, wait_share=0.9, batches=TU.WARMUP_BATCHES)
     t.boundary(loader)
     assert t.decisions == [] and loader.num_workers == 1 and t.durations == []
+
+
+def test_ranks_that_share_the_nodes_cpus_tune_within_their_share(monkeypatch):
+    # torchrun's ranks, not pinned apart: each sees every CPU; each plans with its share.
+    from loadertop.autotune import measure as M
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    me = M.Self()
+    me.cpu_set, me.limit = tuple(range(8)), None
+    monkeypatch.setattr(M.os, "cpu_count", lambda: 8)
+    idle = {c: (0, 100) for c in range(8)}
+    first = M.Reading(0.0, None, {}, idle, None, None)
+    last = M.Reading(1.0, None, {}, {c: (10, 200) for c in range(8)}, None, None)
+    shared = me.budget(first, last, used=0.8)
+    assert shared.cpus == pytest.approx(4.0) and shared.limit == "shared"
+    me.cpu_set = (0, 1, 2, 3)  # pinned to half the node by its launcher: its own four
+    pinned = me.budget(first, last, used=0.8)
+    assert pinned.cpus == pytest.approx(4.0) and pinned.limit == "cpus"

@@ -21,7 +21,7 @@ from ..redact import ENV_WHITELIST
 from ..rules import thresholds as T
 from ..rules.measure import CpuBudget, LoaderWindow, Measured, limit_of
 
-READ_EVERY_S = 2.0
+READ_EVERY_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -152,6 +152,7 @@ def measured(me: Self, first: Reading, last: Reading, *, wait: float, num_worker
     dt = last.at - first.at
     main = _usage(first.main, last.main, dt)
     usages = [u for pid in last.workers if (u := _usage(first.workers.get(pid), last.workers[pid], dt)) is not None]
+    available = _memory_available()
     used = None
     if main is not None:
         used = main.cpu + sum(u.cpu for u in usages)
@@ -163,10 +164,8 @@ def measured(me: Self, first: Reading, last: Reading, *, wait: float, num_worker
             prefetch_factor=prefetch_factor or T.DEFAULT_PREFETCH, persistent=config.get("persistent_workers"),
             iterable=config.get("iterable"), cpu=_mean([u.cpu for u in usages]),
             runqueue=_mean([u.runqueue for u in usages]), busy_threads=busy_threads, blocked=0.0, stopped=False,
-            uss_bytes=_uss(list(last.workers)), read_bytes_per_s=None, ahead=False, thread_pools=(), doing=None,
-            batch_bytes=config.get("batch_bytes"))
-    meminfo = procfs.read_meminfo()
-    memory = [v for v in (meminfo.get("MemAvailable"), memory_headroom("self")) if v is not None]
+            uss_bytes=_worker_memory(list(last.workers), num_workers, available), read_bytes_per_s=None,
+            ahead=False, thread_pools=(), doing=None, batch_bytes=config.get("batch_bytes"))
     shm = last.shm
     peaks = [r.shm[1] for r in (first, last) if r.shm is not None]
     return Measured(
@@ -176,19 +175,33 @@ def measured(me: Self, first: Reading, last: Reading, *, wait: float, num_worker
         main_cpu=main.cpu if main else None, main_runqueue=main.runqueue if main else 0.0,
         main_busy_threads=float(main.busy_threads) if main and main.busy_threads else 1.0,
         loader=loader, other_loaders=(), budget=me.budget(first, last, used),
-        memory_available=min(memory) if memory else None, shm_total=shm[0] if shm else None,
+        memory_available=available, shm_total=shm[0] if shm else None,
         shm_peak=max(peaks) if peaks else None, shm_torch=None, gpu_utilization=None,
         env={k: v for k, v in os.environ.items() if k in ENV_WHITELIST})
 
 
-def _uss(pids: list[int]) -> float | None:
-    """Mean private memory of the workers (smaps_rollup: read once a stretch, at its end)."""
+def _memory_available() -> int | None:
+    """Bytes more workers may use: the host's available memory, or its cgroup's headroom."""
+    memory = [v for v in (procfs.read_meminfo().get("MemAvailable"), memory_headroom("self")) if v is not None]
+    return min(memory) if memory else None
+
+
+def _worker_memory(pids: list[int], num_workers: int, available: int | None) -> float | None:
+    """One worker's private memory, as the plan's memory limit needs it. Its resident size
+    (cheap) bounds it from above; smaps (milliseconds a worker of a large trainer) is read
+    only where that bound would cap the workers the plan may add."""
+    rss = _mean([float(st.rss_bytes) for pid in pids if (st := procfs.read_stat(pid)) is not None])
+    if rss is None or available is None:
+        return rss
+    room = T.MEMORY_LIMIT * available
+    if (T.MAX_WORKERS - num_workers) * rss <= room:
+        return rss
     values = []
     for pid in pids:
         try:
             memory = procfs.read_smaps_rollup(pid)
         except PermissionError:
             memory = None
-        if memory is not None and memory.uss_bytes is not None:
+        if memory is not None:
             values.append(float(memory.uss_bytes))
-    return _mean(values)
+    return _mean(values) or rss

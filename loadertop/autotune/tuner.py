@@ -40,8 +40,9 @@ MIN_STRETCH_S = 2.0
 MID_EPOCH_STRETCH_S = 5.0  # a StatefulDataLoader's stretch, changed mid-epoch
 # A stretch goes on (over epochs if they are short) until its reading is clear: a trial's gain
 # or loss out of the noise, the kept setting's rate within this relative standard error; or
-# until this long.
+# until it is long enough (below).
 KEPT_RELATIVE_ERROR = 0.02
+MAX_KEPT_S = 10.0  # the kept setting's reading: long enough to judge trials against, not longer
 MAX_STRETCH_S = 30.0
 CHECK_EVERY_BATCHES = 16  # a mid-epoch stretch is looked at this often (the check reads every batch's time)
 MAX_SETTLE_BATCHES = 64
@@ -78,7 +79,9 @@ class Tuner:
         self.skip = WARMUP_BATCHES  # batches not measured before the stretch starts
         self.last_ns: int | None = None  # the previous batch's delivery, in this segment
         self.read_ns = 0  # when the latest reading was taken
-        self.cost_ns = 0  # time the tuner itself took in the loop (readings, deciding, applying)
+        self.cost_ns = 0  # time the tuner took in the loop to measure and decide
+        self.timing = False
+        self.apply_ns = 0  # time changes took in the loop: old workers shut down, a StatefulDataLoader restored
         self.worker_pids: list[int] = []
         self.find_workers = False  # look the workers up at the segment's first batch
         self.mid_epoch = False  # the loader can change mid-epoch (StatefulDataLoader)
@@ -102,8 +105,7 @@ class Tuner:
         if self.state == "off":
             self._go_back(loader)
             return
-        t0 = self.clock()
-        with self._guarded():
+        with self._timed(), self._guarded():
             inner = L.innermost(loader)
             if self.explorer is None:
                 why = L.why_not_tunable(inner, self.shards_by_worker)
@@ -117,12 +119,12 @@ class Tuner:
             if not self.idle and self._stretch_done(MIN_STRETCH_S):
                 self._decide()
             self.mid_epoch = not framework and inner is loader and L.is_stateful(inner)
-            self._apply(inner)
+            with self._applying():
+                self._apply(inner)
             if framework and self.restore is not None:
                 self.armed = ExitStack()  # until the framework's iterator gives its first batch
                 self.armed.enter_context(L.private_seed(*self.restore))
                 self.restore = None
-        self.cost_ns += self.clock() - t0
 
     def _release(self) -> None:
         if self.armed is not None:
@@ -151,7 +153,7 @@ class Tuner:
         self.last_ns = self.clock()
         self.find_workers = True
         if iterator is not None:
-            with self._guarded():
+            with self._timed(), self._guarded():
                 self._look_up_workers(iterator)
 
     def delivered(self, now_ns: int, waited_ns: int) -> bool:
@@ -163,12 +165,13 @@ class Tuner:
             return False
         last, self.last_ns = self.last_ns, now_ns
         if self.find_workers:
-            with self._guarded():
+            with self._timed(), self._guarded():
                 self._look_up_workers(None)
         if self.skip > 0:
             self.skip -= 1
             if self.skip == 0:
-                self._start_stretch()
+                with self._timed():
+                    self._start_stretch()
             return False
         if last is None:
             return False
@@ -195,15 +198,14 @@ class Tuner:
 
     def switch(self, loader):
         """A mid-epoch decision for a StatefulDataLoader; returns the iterator to go on with."""
-        t0 = self.clock()
         iterator = loader._iterator
-        with self._guarded():
+        with self._timed(), self._guarded():
             self._decide()
             if self.explorer is not None and self.explorer.current != L.knobs_of(loader):
-                iterator = L.switch(loader, self.explorer.current)
+                with self._applying():
+                    iterator = L.switch(loader, self.explorer.current)
                 self.worker_pids = worker_pids(iterator)
         self.last_ns = self.clock()
-        self.cost_ns += self.last_ns - t0
         return iterator
 
     # --- measuring ----------------------------------------------------------------------
@@ -229,10 +231,13 @@ class Tuner:
             return True
         explorer = self.explorer
         so_far = Stretch(explorer.current, len(self.durations), seconds, 0.0, chunk_rates(self.durations))
-        if explorer.trial is None or explorer.kept_stretch is None:
-            return so_far.relative_error <= KEPT_RELATIVE_ERROR
-        gain, noise = compare(so_far, explorer.kept_stretch)
-        return noise <= max(abs(gain), POLICY_MIN_GAIN)
+        kept = explorer.kept_stretch
+        if explorer.trial is None or kept is None:
+            return so_far.relative_error <= KEPT_RELATIVE_ERROR or seconds >= MAX_KEPT_S
+        gain, noise = compare(so_far, kept)
+        # A trial is judged once its result is clear, or once it is as long as the stretch it
+        # is judged against (two readings of the same precision: longer would only delay).
+        return noise <= max(abs(gain), POLICY_MIN_GAIN) or seconds >= kept.seconds
 
     def _start_stretch(self) -> None:
         self.durations = []
@@ -248,8 +253,7 @@ class Tuner:
         latest of one set of workers (a non-persistent loader's go with each epoch)."""
         if self.me is None or self.state == "off":
             return
-        t0 = self.clock()
-        with self._guarded():
+        with self._timed(), self._guarded():
             reading = self.me.read(self.worker_pids)
             if reading.main is None:
                 raise TunerOff(f"cannot read this process's threads in {procfs.PROC}/{self.me.pid}/task")
@@ -259,7 +263,6 @@ class Tuner:
             same = self.readings and set(self.readings[0].workers) == set(reading.workers)
             self.readings = [self.readings[0], reading] if same else [reading]
         self.read_ns = self.clock()
-        self.cost_ns += self.read_ns - t0
 
     # --- deciding -----------------------------------------------------------------------
 
@@ -305,6 +308,7 @@ class Tuner:
         """Where to look next, from the kept setting's measurement: the plan's setting, then
         the neighbours the measurement makes plausible."""
         from ..rules import plan as P
+        from ..rules import thresholds as T
         from ..rules.throughput import Setting, predict, terms
 
         m = stretch.measured
@@ -328,7 +332,9 @@ class Tuner:
                 moves.append((suggested, f"the model predicts {plan.gain:+.0%} steps/s"))
         down, up = neighbours(knobs.num_workers, low, top)
         wait = m.wait or 0.0
-        if up is not None and wait / max(1e-9, 1.0 - wait) >= POLICY_MIN_GAIN and plan.cause not in P.OVERSUBSCRIBED:
+        # More workers only while the loop waits as the field calls input-bound (a few % is
+        # the loop receiving batches, which more workers do not shorten).
+        if up is not None and wait >= T.DATA_WAIT_WARNING and plan.cause not in P.OVERSUBSCRIBED:
             k = with_workers(knobs, up)
             if allowed(k):
                 moves.append((k, f"the loop waits {wait:.0%} of the time for data"))
@@ -340,7 +346,7 @@ class Tuner:
             if keeps_up and allowed(k):
                 moves.append((k, f"the loop's threads wait {m.main_runqueue:.2f} s/s for a CPU while the "
                                  f"trainer keeps {_busy(m)} CPUs busy"))
-        if wait < 0.05:  # the loop hardly waits: fewer is the likelier gain
+        if wait < T.DATA_WAIT_WARNING:  # the loop hardly waits: fewer is the likelier gain
             moves.sort(key=lambda mv: mv[0].num_workers > knobs.num_workers)
         return Proposal(moves=tuple(moves))
 
@@ -382,6 +388,7 @@ class Tuner:
             "started_with": self.started_with.as_dict() if self.started_with else None,
             "steps_per_s": None if self.last_rate is None else round(self.last_rate, 3),
             "cost_s": round(self.cost_ns / 1e9, 4),
+            "changes_s": round(self.apply_ns / 1e9, 4),
             "decisions": [d.as_dict() for d in self.decisions],
         }
 
@@ -390,6 +397,31 @@ class Tuner:
             self.publish(self.as_dict())
         except Exception:  # telling must never stop tuning, nor the loop
             log.debug("loadertop tune %s: could not publish", self.name, exc_info=True)
+
+    @contextmanager
+    def _timed(self):
+        """Time spent measuring and deciding, counted once however the calls nest."""
+        if self.timing:
+            yield
+            return
+        self.timing = True
+        t0 = self.clock()
+        try:
+            yield
+        finally:
+            self.timing = False
+            self.cost_ns += self.clock() - t0
+
+    @contextmanager
+    def _applying(self):
+        """Time a change takes (old workers shut down): the change's, not the deciding's."""
+        t0 = self.clock()
+        try:
+            yield
+        finally:
+            spent = self.clock() - t0
+            self.apply_ns += spent
+            self.cost_ns -= spent
 
     @contextmanager
     def _guarded(self):
