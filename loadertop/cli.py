@@ -24,10 +24,10 @@ class UsageError(Exception):
 
 
 def _pid(text: str) -> int:
-    try:
-        pid = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a PID: {text!r} (give a number, e.g. 41822)") from None
+    # ASCII digits only: int() also reads other scripts' digits ("١٢٣" is 123).
+    if not (text.isascii() and text.isdigit()):
+        raise argparse.ArgumentTypeError(f"not a PID: {text!r} (give a number in digits 0-9, e.g. 41822)")
+    pid = int(text)
     if pid <= 0:
         raise argparse.ArgumentTypeError(f"not a PID: {text!r} (PIDs are positive)")
     return pid
@@ -68,6 +68,29 @@ def _positive(text: str) -> float:
     return value
 
 
+# Floors below which a run would never end or spin: a tick every 0.1 s is already ten times
+# what the live view needs; replay at a hundredth of real time is a frame every few minutes.
+MIN_INTERVAL_S = 0.1
+MIN_SPEED = 0.01
+
+
+def _interval(text: str) -> float:
+    value = _positive(text)
+    if value < MIN_INTERVAL_S:
+        raise argparse.ArgumentTypeError(f"must be at least {MIN_INTERVAL_S:g} seconds: {text!r}")
+    return value
+
+
+def _speed(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r} (1 is real time, 2 twice as fast)") from None
+    if not MIN_SPEED <= value <= 1e6:  # nan, inf, a crawl that never ends
+        raise argparse.ArgumentTypeError(f"must be between {MIN_SPEED:g} and 1000000 times real time: {text!r}")
+    return value
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line, no usage dump
         raise UsageError(f"{message} (see `{self.prog} --help`)")
@@ -85,7 +108,7 @@ def _parser() -> argparse.ArgumentParser:
     snap.add_argument("pids", nargs="*", type=_pid, metavar="PID")
     snap.add_argument("--from", dest="recording", metavar="FILE", help="report on a recording instead")
     snap.add_argument("--duration", type=_positive, default=10.0, help="seconds to sample (10)")
-    snap.add_argument("--interval", type=_positive, default=1.0, help="seconds per tick (1)")
+    snap.add_argument("--interval", type=_interval, default=1.0, help="seconds per tick (1)")
     snap.add_argument("--json", action="store_true", help="print the JSON report on stdout")
     snap.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE (.json, .md or .html)")
     snap.add_argument("--no-stacks", action="store_true", help="do not run py-spy (no data wait)")
@@ -94,18 +117,18 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("pids", nargs="+", type=_pid, metavar="PID")
     rec.add_argument("-o", "--output", metavar="FILE", required=True, help="the recording to write")
     rec.add_argument("--duration", type=_positive, default=None, help="seconds to record (until Ctrl-C)")
-    rec.add_argument("--interval", type=_positive, default=1.0, help="seconds per tick (1)")
+    rec.add_argument("--interval", type=_interval, default=1.0, help="seconds per tick (1)")
     rec.add_argument("--no-stacks", action="store_true", help="do not run py-spy (no data wait)")
 
     exp = sub.add_parser("export", help="serve Prometheus metrics of the jobs")
     exp.add_argument("pids", nargs="+", type=_pid, metavar="PID")
     exp.add_argument("--listen", default="127.0.0.1:9464", help="HOST:PORT (127.0.0.1:9464; all interfaces: 0.0.0.0)")
-    exp.add_argument("--interval", type=_positive, default=5.0, help="seconds per tick (5)")
+    exp.add_argument("--interval", type=_interval, default=5.0, help="seconds per tick (5)")
     exp.add_argument("--no-stacks", action="store_true", help="do not run py-spy (no data wait)")
 
     rep = sub.add_parser("replay", help="watch a recording in the live view")
     rep.add_argument("recording", metavar="FILE")
-    rep.add_argument("--speed", type=_positive, default=1.0, help="times real time (1)")
+    rep.add_argument("--speed", type=_speed, default=1.0, help="times real time (1)")
 
     tune = sub.add_parser("tune", help="measure the best DataLoader settings for your own dataset")
     tune.add_argument("factory", metavar="MODULE:FACTORY",
@@ -131,7 +154,7 @@ def _parser() -> argparse.ArgumentParser:
 
     demo.add_argument("--scenario", choices=sorted(SCENARIOS), default="starved",
                       help="; ".join(f"{k}: {v[0]}" for k, v in SCENARIOS.items()))
-    demo.add_argument("--interval", type=_positive, default=LIVE_INTERVAL_S,
+    demo.add_argument("--interval", type=_interval, default=LIVE_INTERVAL_S,
                       help=f"seconds per tick ({LIVE_INTERVAL_S:g})")
     demo.add_argument("--tune", action="store_true",
                       help="the job watches its loader with tune=True and short epochs: watch the tuner fix it in "
@@ -143,7 +166,7 @@ def _monitor_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="loadertop", usage=MONITOR_USAGE,
                 description="Watch training jobs live; with no PID, pick one from a list.")
     p.add_argument("pids", nargs="*", type=_pid, metavar="PID")
-    p.add_argument("--interval", type=_positive, default=LIVE_INTERVAL_S,
+    p.add_argument("--interval", type=_interval, default=LIVE_INTERVAL_S,
                    help=f"seconds per tick ({LIVE_INTERVAL_S:g})")
     p.add_argument("--no-stacks", action="store_true", help="do not run py-spy (no data wait)")
     return p
@@ -262,7 +285,7 @@ def _write_report(path: str, text: str) -> int:
         with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as f:
             f.write(text)
         why = e.strerror
-        if e.errno == errno.ELOOP:
+        if e.errno == errno.ELOOP and why == os.strerror(errno.ELOOP):  # the kernel's words, not files.py's
             why = "it is a symbolic link, and reports are never written through one"
         print(f"loadertop: cannot write {path!r}: {why}; report saved to {fallback}", file=sys.stderr)
         return 1
@@ -360,13 +383,32 @@ def cmd_record(args: argparse.Namespace) -> int:
     return 0
 
 
+def _every_interface(host: str) -> bool:
+    """The host as the socket will bind it is the unspecified address (0.0.0.0, ::): every
+    spelling of it (0, 0.0, 0x0, 00, [::0], [0:0:0:0:0:0:0:0]) resolves to that."""
+    import ipaddress
+    import socket
+
+    name = host.strip("[]")
+    if not name:
+        return True  # an empty host binds every interface too
+    try:
+        infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP, flags=socket.AI_NUMERICHOST)
+    except (socket.gaierror, UnicodeError, ValueError):
+        try:
+            return ipaddress.ip_address(name).is_unspecified
+        except ValueError:
+            return False  # a host name: it resolves to its own addresses
+    return any(ipaddress.ip_address(info[4][0].split("%")[0]).is_unspecified for info in infos)
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from .sampler import Sampler
 
     host, sep, port = args.listen.rpartition(":")
     if not sep or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise UsageError(f"--listen {args.listen!r}: give HOST:PORT, e.g. 127.0.0.1:9464")
-    if host.strip("[]") in ("0.0.0.0", "::"):
+    if _every_interface(host):
         print(f"loadertop: warning: --listen {args.listen} serves every interface: anyone who reaches this host "
               "reads the jobs' command lines and pids; prefer 127.0.0.1 and scrape through an SSH tunnel or a "
               "local agent, or firewall the port", file=sys.stderr)

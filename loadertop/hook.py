@@ -3,7 +3,7 @@
 This is the writer's side (what a training script imports); probes/hooks.py reads.
 
 For clusters where ptrace (py-spy) is refused. The wrapper times each `next()` and writes
-cumulative counters into a small fixed-layout file in /dev/shm (mmap, a few µs per batch),
+cumulative counters into a small fixed-layout file in /dev/shm (one pwrite, ~1 µs a batch),
 which the monitor reads from outside without ptrace and without a network port. It imports
 nothing heavy, never changes what the loader yields, and never raises into the training
 loop: if the file cannot be written it warns once and does nothing more.
@@ -14,8 +14,8 @@ from __future__ import annotations
 import atexit
 import itertools
 import json
-import mmap
 import os
+import secrets
 import stat
 import struct
 import sys
@@ -29,6 +29,7 @@ SIZE = 4096
 # config length, in_next_since (0 when not inside next(): a wait in progress is visible).
 HEADER = struct.Struct("<8sqddQQddQId")
 COUNTERS = struct.Struct("<dQQdd")  # heartbeat, wait_ns, batches, first_batch_at, last_batch_at
+TAIL = struct.Struct("<dQQddQId")  # the counters, batch_bytes, config length, in_next_since: one write
 COUNTERS_AT = 24  # after magic, pid, started
 BYTES_AT = 64
 CONFIG_LEN_AT = 72
@@ -134,11 +135,33 @@ def _create(path: str) -> int:
         return os.open(path, flags, 0o644)
 
 
+def _create_own(path: str) -> tuple[str, int]:
+    """Our own new file at path, or beside it under a unique suffix where another user planted
+    a file at that name (for a pid to come): squatting the name does not turn watch() off."""
+    try:
+        return path, _create(path)
+    except FileExistsError:
+        base = path[: -len(".hook")]
+        for _ in range(8):
+            other = f"{base}.{secrets.token_hex(4)}.hook"
+            try:
+                return other, _create(other)
+            except FileExistsError:
+                continue
+        raise
+
+
 class _Publisher:
+    """Writes one loader's file with pwrite() on a descriptor, never through a mapping: a
+    file truncated under the job (a cleanup script, an epilog) is then written again or
+    fails as an OSError, where a store into a mapping past the end kills the job (SIGBUS)."""
+
     def __init__(self, name: str, config: dict, directory: str) -> None:
         self.path = hook_path(os.getpid(), name, directory)
+        config = {**config, "name": name}  # the file's name may carry a suffix (_create_own)
         self.config = config
-        self.map: mmap.mmap | None = None
+        self.fd: int | None = None
+        self.config_len = 0
         self.wait_ns = 0
         self.batches = 0
         self.first = 0.0
@@ -146,30 +169,50 @@ class _Publisher:
         self.batch_bytes = 0
         self.tuner: Any = None  # the in-place tuner of this name (watch(..., tune=True)), kept across re-watching
         try:
-            fd = _create(self.path)
+            self.path, fd = _create_own(self.path)
             try:
                 os.fchmod(fd, 0o644)  # readable by a monitor running as another user
-                # Real pages, not a sparse file: a full /dev/shm is an OSError here, not a
-                # SIGBUS in the training loop on the first write.
+                # Real pages, not a sparse file: a full /dev/shm is an OSError here, not an
+                # error on the first batch.
                 os.posix_fallocate(fd, 0, SIZE)
                 if os.fstat(fd).st_uid != os.geteuid():
                     raise OSError(f"{self.path} is not ours")
-                self.map = mmap.mmap(fd, SIZE)
+                blob = json.dumps(config, default=str).encode()
+                if len(blob) > SIZE - CONFIG_AT:
+                    blob = b"{}"
+                now = time.time()
+                self.config_len = len(blob)
+                os.pwrite(fd, HEADER.pack(MAGIC, os.getpid(), now, now, 0, 0, 0.0, 0.0, 0, len(blob), 0.0), 0)
+                os.pwrite(fd, blob, CONFIG_AT)
             except BaseException:
                 os.close(fd)
                 _unlink(self.path)
                 raise
-            os.close(fd)
-            blob = json.dumps(config, default=str).encode()
-            if len(blob) > SIZE - CONFIG_AT:
-                blob = b"{}"
-            now = time.time()
-            HEADER.pack_into(self.map, 0, MAGIC, os.getpid(), now, now, 0, 0, 0.0, 0.0, 0, len(blob), 0.0)
-            self.map[CONFIG_AT : CONFIG_AT + len(blob)] = blob
+            self.fd = fd
             atexit.register(self.close)
         except (OSError, ValueError) as e:
-            self.map = None
+            self.fd = None
             warnings.warn(f"loadertop.watch disabled: cannot write {self.path} ({e})", RuntimeWarning, stacklevel=4)
+
+    def _write(self, data: bytes, offset: int) -> None:
+        if self.fd is None:
+            return
+        try:
+            os.pwrite(self.fd, data, offset)
+        except Exception:  # the hook must never break training: it stops publishing
+            self._stop()
+
+    def _stop(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    @property
+    def writing(self) -> bool:
+        return self.fd is not None
 
     def publish_workers(self, pids: list[int]) -> None:
         """A new iterator started its workers: say which processes they are."""
@@ -186,38 +229,32 @@ class _Publisher:
 
     def publish_config(self, config: dict) -> bool:
         """False when the settings do not fit the page (they are not written)."""
-        if self.map is None:
+        if self.fd is None:
             return False
         try:
             blob = json.dumps(config, default=str).encode()
-            if len(blob) > SIZE - CONFIG_AT:
-                return False  # too many to list: the monitor falls back to the workers it finds
-            self.config = config
-            # The bytes first, then their length: a reader never sees a length past them.
-            self.map[CONFIG_AT : CONFIG_AT + len(blob)] = blob
-            struct.pack_into("<I", self.map, CONFIG_LEN_AT, len(blob))
-            return True
-        except Exception:  # the hook must never break training
-            self.map = None
+        except (TypeError, ValueError):
             return False
+        if len(blob) > SIZE - CONFIG_AT:
+            return False  # too many to list: the monitor falls back to the workers it finds
+        self.config = config
+        # The bytes first, then their length: a reader never sees a length past them.
+        self._write(blob, CONFIG_AT)
+        self.config_len = len(blob)
+        self._write(struct.pack("<I", len(blob)), CONFIG_LEN_AT)
+        return self.fd is not None
 
     def entering(self) -> None:
-        if self.map is not None:
-            try:
-                struct.pack_into("<d", self.map, IN_NEXT_AT, time.time())
-            except Exception:  # the hook must never break training
-                self.map = None
+        if self.fd is not None:
+            self._write(struct.pack("<d", time.time()), IN_NEXT_AT)
 
     def idle(self) -> None:
         """Not waiting for a batch any more, and none came (the loop does something else)."""
-        if self.map is not None:
-            try:
-                struct.pack_into("<d", self.map, IN_NEXT_AT, 0.0)
-            except Exception:  # the hook must never break training
-                self.map = None
+        if self.fd is not None:
+            self._write(struct.pack("<d", 0.0), IN_NEXT_AT)
 
     def record(self, waited_ns: int, batch, delivered: bool = True) -> None:
-        if self.map is None:
+        if self.fd is None:
             return
         try:
             now = time.time()
@@ -226,21 +263,19 @@ class _Publisher:
             if delivered and self.batches == 1:
                 self.first = now
                 self.batch_bytes = _batch_bytes(batch)
-                struct.pack_into("<Q", self.map, BYTES_AT, self.batch_bytes)
             self.last = now
-            COUNTERS.pack_into(self.map, COUNTERS_AT, now, self.wait_ns, self.batches, self.first, self.last)
-            struct.pack_into("<d", self.map, IN_NEXT_AT, 0.0)
+            # The counters, the batch size, the settings' length and "not in next()": one write.
+            data = TAIL.pack(now, self.wait_ns, self.batches, self.first, self.last, self.batch_bytes,
+                             self.config_len, 0.0)
         except Exception:  # the hook must never break training
-            self.map = None
+            self._stop()
+            return
+        self._write(data, COUNTERS_AT)
 
     def close(self) -> None:
-        if self.map is not None:
-            try:
-                self.map.close()
-            except OSError:
-                pass
+        if self.fd is not None:
+            self._stop()
             _unlink(self.path)
-            self.map = None
         if _live.get(self.path) is self:
             del _live[self.path]
 
@@ -253,12 +288,12 @@ _live: dict[str, _Publisher] = {}
 def publisher(name: str, config: dict, directory: str = DIRECTORY) -> _Publisher:
     path = hook_path(os.getpid(), name, directory)
     pub = _live.get(path)
-    if pub is not None and pub.map is not None:
-        kept = {k: pub.config[k] for k in ("worker_pids", "tune") if k in pub.config}
+    if pub is not None and pub.writing:
+        kept = {k: pub.config[k] for k in ("worker_pids", "tune", "name") if k in pub.config}
         pub.publish_config({**config, "worker_pids": [], **kept})
         return pub
     pub = _Publisher(name, config, directory)
-    if pub.map is not None:
+    if pub.writing:
         _live[path] = pub
     return pub
 

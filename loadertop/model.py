@@ -6,9 +6,19 @@ reads them. A value that could not be measured is None, and a Notice says why.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .autotune.policy import Decision, Knobs
+from .text import printable, printable_or_none
+
+
+def _clean(obj, *names: str) -> None:
+    """Make a frozen snapshot's process-derived text fields printable (text.py), in place."""
+    for name in names:
+        value = getattr(obj, name)
+        clean = printable_or_none(value) if isinstance(value, str) or value is None else value
+        if clean is not value:
+            object.__setattr__(obj, name, clean)
 
 
 @dataclass(frozen=True)
@@ -19,6 +29,9 @@ class Notice:
     message: str
     fix: str | None = None
     trainer_pid: int | None = None
+
+    def __post_init__(self) -> None:
+        _clean(self, "message", "fix")  # they quote file names and py-spy's own words
 
 
 @dataclass(frozen=True)
@@ -45,6 +58,9 @@ class HostSnapshot:
     dataloader_trainers: int | None = None
     loaders: tuple[HostLoader, ...] = ()
 
+    def __post_init__(self) -> None:
+        _clean(self, "hostname")
+
 
 @dataclass(frozen=True)
 class ProcessSample:
@@ -69,6 +85,11 @@ class ProcessSample:
     thread_pools: tuple[str, ...] = ()  # compute pools its libraries run (OpenMP, MKL, OpenBLAS, OpenCV)
     read_bytes_per_s: float | None = None  # everything it reads (files, sockets, pipes), slow cadence
     found_by: str | None = None  # a worker: how it was recognised (name, hook, stack; probes.discovery)
+
+    def __post_init__(self) -> None:
+        # A recording's samples come through here; live ones are built past __init__
+        # (probes.processes) from py-spy frames made printable where they are read.
+        _clean(self, "doing")
 
 
 # What a worker's stack shows when it has finished every batch asked of it: the loader is ahead.
@@ -124,6 +145,11 @@ class DataWait:
     # torchdata), where frames or the hook show it: the settings are written in its terms.
     loop: str | None = None
 
+    def __post_init__(self) -> None:
+        _clean(self, "loop")
+        if any(printable(label) != label for label, _ in self.breakdown):
+            object.__setattr__(self, "breakdown", tuple((printable(k), v) for k, v in self.breakdown))
+
 
 @dataclass(frozen=True)
 class TuneState:
@@ -137,6 +163,12 @@ class TuneState:
     cost_s: float | None  # time the tuner took in the training loop so far
     reason: str  # why it is off
     decisions: tuple[Decision, ...]  # oldest first
+
+    def __post_init__(self) -> None:
+        _clean(self, "reason")
+        if any(printable(d.reason) != d.reason for d in self.decisions):
+            object.__setattr__(self, "decisions", tuple(replace(d, reason=printable(d.reason))
+                                                        for d in self.decisions))
 
     @property
     def summary(self) -> str:
@@ -173,6 +205,9 @@ class LoaderConfig:
     source: str = "py-spy"  # py-spy | hook
     tune: TuneState | None = None  # the loader's in-place tuner, where the hook runs one
 
+    def __post_init__(self) -> None:
+        _clean(self, "dataset_class")
+
 
 @dataclass(frozen=True)
 class TrainerSnapshot:
@@ -201,6 +236,16 @@ class TrainerSnapshot:
     throttled_fraction: float | None = None  # share of quota periods that ran out of quota
     memory_headroom_bytes: int | None = None  # what its memory cgroup still allows, None: no limit
 
+    def __post_init__(self) -> None:
+        # The command line and environment are the process's own words (an argv can hold an
+        # escape sequence): printable before anything shows them.
+        cmdline = tuple(printable(a) for a in self.cmdline)
+        if cmdline != self.cmdline:
+            object.__setattr__(self, "cmdline", cmdline)
+        env = tuple((printable(k), printable(v)) for k, v in self.env)
+        if env != self.env:
+            object.__setattr__(self, "env", env)
+
     @property
     def env_dict(self) -> dict[str, str]:
         return dict(self.env)
@@ -216,6 +261,9 @@ class Event:
     pid: int
     detail: str = ""
     exit_code: int | None = None  # as the kernel reported it while the process was a zombie
+
+    def __post_init__(self) -> None:
+        _clean(self, "detail")
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+from .text import printable
+
 REDACTED = "***"
 
 ENV_WHITELIST = frozenset(
@@ -130,4 +132,4 @@ def redact_cmdline(argv: list[str] | tuple[str, ...]) -> tuple[str, ...]:
                 hide_next = True
             continue
         out.append(_scrub(arg))
-    return tuple(out)
+    return tuple(printable(a) for a in out)  # an argv may hold escape sequences (text.py)

@@ -1,10 +1,32 @@
 """The Markdown report: for an issue or a pull request. Rendered from the JSON report dict,
-so the two never disagree."""
+so the two never disagree.
+
+Reports are pasted into public issues: a process's own words (its command line, a dataset's
+class, py-spy's frames, a hook file's name, anything a finding or notice quotes) must not
+forge headings, links or HTML there. Every interpolated field goes into a code span that
+cannot be closed from inside (its fence is longer than any run of backticks in it), and
+table cells escape `|`.
+"""
 
 from __future__ import annotations
 
+import re
+
 from .fields import REPORT_COLUMNS, WORKER_FIELD, human_bytes, human_percent, row
 from .verdict import verdict_of_report
+
+
+def code(text) -> str:
+    """text as an inline code span nothing inside can end."""
+    text = str(text).replace("\n", " ").replace("\r", " ")
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    pad = " " if text[:1] in ("`", " ") or text[-1:] in ("`", " ") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def cell(text) -> str:
+    """A table cell: a code span, its pipes escaped (GFM splits cells on them, even in code)."""
+    return code(text).replace("|", "\\|")
 
 
 def _num(x, fmt="{:.0f}") -> str:
@@ -30,8 +52,8 @@ def plan_line(t: dict) -> str:
             parts.append(f"{section}({', '.join(f'{k}={v}' for k, v in values.items())})")
     gain = plan.get("predicted_gain")
     effect = f": predicted {gain:+.0%} steps/s" if gain is not None else ""
-    loader = f" for `{change['dataset']}`" if change.get("dataset") else ""
-    return f"Change `{' '.join(parts)}`{loader}{effect}."
+    loader = f" for {code(change['dataset'])}" if change.get("dataset") else ""
+    return f"Change {code(' '.join(parts))}{loader}{effect}."
 
 
 def tune_lines(t: dict) -> list[str]:
@@ -41,13 +63,14 @@ def tune_lines(t: dict) -> list[str]:
         tune = loader.get("tune")
         if not tune:
             continue
-        name = f" for `{loader['dataset_class']}`" if loader.get("dataset_class") else ""
-        out += [f"In-place tuning{name}: {tune['summary']} (its own cost so far: {_num(tune['cost_s'], '{:.3f}')} s).",
+        name = f" for {code(loader['dataset_class'])}" if loader.get("dataset_class") else ""
+        out += [f"In-place tuning{name}: {code(tune['summary'])} (its own cost so far: "
+                f"{_num(tune['cost_s'], '{:.3f}')} s).",
                 "", "| epoch | decision | measured steps/s | noise |", "|---|---|---|---|"]
         for d in tune["decisions"]:
             gain = _num(d["measured_gain"], "{:+.0%}")
             noise = _num(d["noise"], "±{:.0%}")
-            out.append(f"| {d['epoch']} | {d['text'].split(': ', 1)[-1].replace('|', '/')} | {gain} | {noise} |")
+            out.append(f"| {d['epoch']} | {cell(d['text'].split(': ', 1)[-1])} | {gain} | {noise} |")
         out.append("")
     return out
 
@@ -65,7 +88,7 @@ def render(report: dict) -> str:
     lines.append(f"# loadertop report: {verdict_of_report(report)}")
     lines.append("")
     lines.append(
-        f"{report['created_at']} on `{host['hostname']}`, {report['duration_s']:.0f} s sampled, "
+        f"{report['created_at']} on {code(host['hostname'])}, {report['duration_s']:.0f} s sampled, "
         f"{host['cpu_count']} CPUs on the host, load {host['load_avg'][0]:.2f}"
     )
     lines.append("")
@@ -76,12 +99,13 @@ def render(report: dict) -> str:
         lines.append("## Findings")
         lines.append("")
         for f in report["findings"]:
-            lines.append(f"- **{f['severity'].upper()} `{f['id']}`** (trainer {f['trainer_pid']}): {f['title']}")
-            lines.append(f"  - Change: {f['suggestion']}")
+            lines.append(f"- **{f['severity'].upper()} {code(f['id'])}** (trainer {f['trainer_pid']}): "
+                         f"{code(f['title'])}")
+            lines.append(f"  - Change: {code(f['suggestion'])}")
             if f["change"]:
-                lines.append(f"  - As config: `{f['change']}`")
+                lines.append(f"  - As config: {code(f['change'])}")
             evidence = ", ".join(f"{k}={v}" for k, v in f["evidence"].items() if v is not None)
-            lines.append(f"  - Evidence: {evidence}")
+            lines.append(f"  - Evidence: {code(evidence)}")
         lines.append("")
     else:
         lines.append("No findings.")
@@ -90,7 +114,7 @@ def render(report: dict) -> str:
         rank = f", rank {t['rank']}" if t["rank"] is not None else ""
         lines.append(f"## Trainer {t['pid']}{rank} ({t['status']})")
         lines.append("")
-        lines.append(f"`{' '.join(t['cmdline'])[:300]}`")
+        lines.append(code(" ".join(t["cmdline"])[:300]))
         lines.append("")
         dw = t.get("data_wait") or {}
         shm = t.get("shm") or {}
@@ -112,20 +136,20 @@ def render(report: dict) -> str:
             lines.append(f"| GPU {g['index']} | {_num(g['utilization_percent'])}% utilization |")
         env = ", ".join(f"{k}={v}" for k, v in t["env"].items())
         if env:
-            lines.append(f"| environment | {env} |")
+            lines.append(f"| environment | {cell(env)} |")
         lines.append("")
         lines += tune_lines(t)
         lines.append("| " + " | ".join(WORKER_FIELD[k].header for k in REPORT_COLUMNS) + " |")
         lines.append("|" + "---|" * len(REPORT_COLUMNS))
         for label, p in processes(t):
-            lines.append("| " + " | ".join(c.replace("|", "/") for c in row(label, p, keys=REPORT_COLUMNS)) + " |")
+            lines.append("| " + " | ".join(cell(c) for c in row(label, p, keys=REPORT_COLUMNS)) + " |")
         lines.append("")
     if report["notices"]:
         lines.append("## What could not be measured")
         lines.append("")
         for n in report["notices"]:
-            fix = f" Fix: {n['fix']}" if n.get("fix") else ""
-            lines.append(f"- {n['message']}.{fix}")
+            fix = f" Fix: {code(n['fix'])}" if n.get("fix") else ""
+            lines.append(f"- {code(n['message'])}.{fix}")
         lines.append("")
     lines.append(f"_Written by loadertop ({report['schema']})._")
     return "\n".join(lines) + "\n"

@@ -86,8 +86,8 @@ def test_the_reports_carry_the_tuners_state_and_every_decision():
     assert [d["action"] for d in tune["decisions"]] == ["try", "keep", "settle"]
     assert tune["decisions"][1]["text"] == "epoch 5: num_workers 2 -> 4, measured +66% steps/s (noise ±5%), kept"
     md = render(report)
-    assert "In-place tuning for `D`: tune: settled on num_workers=4 prefetch_factor=2 (from num_workers=2)" in md
-    assert "| 5 | num_workers 2 -> 4, measured +66% steps/s (noise ±5%), kept | +66% | ±5% |" in md
+    assert "In-place tuning for `D`: `tune: settled on num_workers=4 prefetch_factor=2 (from num_workers=2)`" in md
+    assert "| 5 | `num_workers 2 -> 4, measured +66% steps/s (noise ±5%), kept` | +66% | ±5% |" in md
 
 
 @pytest.mark.unit

@@ -295,20 +295,23 @@ def test_a_forged_hook_of_another_user_is_ignored_with_a_notice():
 
 
 @pytest.mark.skipif(__import__("os").geteuid() != 0, reason="needs root to plant a file as another user")
-def test_watch_never_uses_a_file_someone_else_planted(tmp_path):
+def test_watch_never_uses_a_file_someone_else_planted_and_writes_its_own_beside_it(tmp_path):
     import os as _os
 
     planted = hook_path(_os.getpid(), "planted", str(tmp_path))
     with open(planted, "wb") as f:
         f.write(b"not mine to trust")  # another user's file at our name: truncatable under our mmap
     _os.chown(planted, 65534, 65534)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # squatting the name must not turn watch() off
         loader = lt.watch(Loader([1, 2]), name="planted", directory=str(tmp_path))
         assert list(loader) == [1, 2]
-    assert len(caught) == 1 and "disabled" in str(caught[0].message)
     with open(planted, "rb") as f:
-        assert f.read() == b"not mine to trust"
+        assert f.read() == b"not mine to trust"  # never written into
+    (ours,) = [p for p in tmp_path.iterdir() if str(p) != planted]
+    assert ours.name.startswith(f"loadertop-{_os.getpid()}-planted.") and ours.stat().st_uid == _os.geteuid()
+    h = read_hook(str(ours))
+    assert h["name"] == "planted" and h["batches"] == 2  # the monitor reads it under the loader's name
 
 
 def test_watch_replaces_a_stale_file_of_an_earlier_process_with_its_pid(tmp_path):
@@ -387,3 +390,21 @@ def test_a_trainer_in_its_own_pid_namespace_is_matched_through_nspid(job):
         inner = int(f.read().split("NSpid:")[1].splitlines()[0].split()[-1])
     assert inner != trainer["pid"]
     assert trainer["data_wait"]["source"] == "hook" and trainer["data_wait_fraction"] > 0.3
+
+
+def test_a_hook_file_truncated_under_the_job_never_kills_it(tmp_path):
+    # A cleanup script or an epilog (the job's own user, or root) truncates the file: the
+    # next batch wrote into a mapping past its end and died of SIGBUS (exit 135). It goes on.
+    script = (
+        "import loadertop, os, sys\n"
+        f"l = loadertop.watch(list(range(1000)), name='cut', directory={str(tmp_path)!r})\n"
+        "n = 0\n"
+        "for i, x in enumerate(l):\n"
+        "    if i == 10:\n"
+        "        os.truncate(l._pub.path, 0)\n"
+        "    n += 1\n"
+        "print(n)\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                       env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert r.stdout.strip() == "1000"

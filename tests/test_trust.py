@@ -139,6 +139,39 @@ def test_a_fifo_at_the_output_path_is_refused_not_blocked_on(tmp_path):
     assert r.returncode == 2 and "not a regular file" in r.stderr
 
 
+def test_a_recording_onto_a_file_another_user_created_is_a_new_file_of_ours(tmp_path):
+    # nobody pre-creates the path and keeps it open: what we record must not reach them.
+    path = tmp_path / "run.ltrec"
+    path.write_bytes(b"")
+    os.chown(path, 65534, 65534)
+    held = open(path, "rb")  # noqa: SIM115 (the other user's descriptor)
+    try:
+        r = loadertop("record", str(os.getpid()), "-o", str(path), "--duration", "1", "--no-stacks")
+        assert r.returncode == 0, r.stderr
+        st = path.stat()
+        assert st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == 0o600 and st.st_size > 0
+        assert held.read() == b""  # their descriptor still sees their own empty file
+    finally:
+        held.close()
+
+
+def test_a_folder_link_another_user_planted_in_the_output_path_is_refused(tmp_path):
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    link = shared / "reports"
+    link.symlink_to(private)
+    os.lchown(link, 65534, 65534)  # nobody's link, into root's folder
+    r = loadertop("snapshot", str(os.getpid()), "--duration", "0.5", "--interval", "0.25", "--no-stacks",
+                  "-o", str(link / "run.md"))
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "symbolic link of user 65534" in r.stderr
+    assert list(private.iterdir()) == []
+    for leftover in r.stderr.split("report saved to ")[1:]:
+        os.remove(leftover.strip())
+
+
 # --- CLI input -------------------------------------------------------------------------------------
 
 
@@ -148,6 +181,11 @@ def test_a_fifo_at_the_output_path_is_refused_not_blocked_on(tmp_path):
     (["record", "1", "-o", "x.ltrec", "--interval", "1e400"], "finite"),
     (["export", "1", "--listen", "127.0.0.1:²"], "HOST:PORT"),
     (["export", "1", "--listen", "127.0.0.1:٣"], "HOST:PORT"),
+    (["snapshot", "١٢٣", "--duration", "1"], "digits 0-9"),  # not read as PID 123
+    (["snapshot", "1", "--duration", "1", "--interval", "1e-9"], "at least 0.1 seconds"),
+    (["record", "1", "-o", "x.ltrec", "--interval", "0.01"], "at least 0.1 seconds"),
+    (["replay", "x.ltrec", "--speed", "1e-300"], "between 0.01"),
+    (["replay", "x.ltrec", "--speed", "nan"], "between 0.01"),
 ])
 def test_bad_numbers_are_one_line_errors(args, message):
     r = loadertop(*args)
@@ -163,12 +201,14 @@ def test_pid_1_is_refused_unless_it_is_the_training_script():
     assert r.returncode == 2 and "init process" in r.stderr and r.stderr.count("\n") == 1
 
 
-def test_listening_on_every_interface_warns_and_says_how_to_restrict_it():
+@pytest.mark.parametrize("host", ["0.0.0.0", "0", "0.0", "0x0", "00", "[::0]", "[0:0:0:0:0:0:0:0]"])
+def test_listening_on_every_interface_warns_and_says_how_to_restrict_it(host):
+    # Every spelling of the unspecified address binds every interface: judged as resolved.
     from test_export import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "loadertop", "export", str(os.getpid()), "--listen",
-                             f"0.0.0.0:{port}", "--no-stacks"], cwd=REPO, stderr=subprocess.PIPE, text=True)
+                             f"{host}:{port}", "--no-stacks"], cwd=REPO, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stderr.readline()
         assert "every interface" in line and "127.0.0.1" in line

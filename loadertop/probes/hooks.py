@@ -147,6 +147,7 @@ def parse_config(blob: bytes) -> dict:
         "multiprocessing_context": _str(raw.get("multiprocessing_context"), "multiprocessing_context", 64),
         "worker_pids": [_int(p, "a worker pid", low=1) for p in pids],
         "tune": parse_tune(raw.get("tune")),
+        "name": _str(raw.get("name"), "name", 64),
     }
 
 
@@ -180,7 +181,7 @@ def read_hook(path: str, owner: int | None = None) -> dict | None:
     if pid <= 0 or not _finite(started, beat, first, last, in_next) or clen > SIZE - CONFIG_AT:
         raise HookError("its header is damaged")
     config = parse_config(raw[CONFIG_AT : CONFIG_AT + clen])
-    name = os.path.basename(path)[len(f"loadertop-{pid}-") : -len(".hook")]
+    name = config.get("name") or os.path.basename(path)[len(f"loadertop-{pid}-") : -len(".hook")]
     return {"name": name, "pid": pid, "started": started, "heartbeat": beat, "wait_s": wait_ns / 1e9,
             "batches": batches, "first_batch_at": first, "last_batch_at": last, "batch_bytes": nbytes or None,
             "in_next_since": in_next or None, "config": config}

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ..model import WAITING_FOR_INDICES, DataWait
 from ..numbers import int_or_none
+from ..text import printable, printable_or_none
 
 # --- classification of the trainer's main thread (pure) ---------------------------
 
@@ -247,13 +248,14 @@ def _parse_threads(threads: list[dict], pid: int) -> WorkerInfo | None:
         worker_id=int_or_none(_local(loop, "worker_id")) if loop else None,
         num_workers=int_or_none(_local(loop, "num_workers")) if loop else None,
         persistent_workers={"True": True, "False": False}.get(persistent or ""),
-        dataset_class=dataset[1:].split(" ", 1)[0] if dataset and dataset.startswith("<") else None,
-        doing=worker_doing(frames),
+        # Names the process chose (its classes, functions, files): printable before they are shown.
+        dataset_class=printable(dataset[1:].split(" ", 1)[0]) if dataset and dataset.startswith("<") else None,
+        doing=printable(worker_doing(frames)),
         python_threads=frozenset(
             t["os_thread_id"] for t in threads if t is not main and isinstance(t.get("os_thread_id"), int)
         ),
         iterable=_fetcher_kind(frames),
-        worker_loop=(loop.get("short_filename") or loop.get("filename")) if loop else None,
+        worker_loop=printable_or_none(loop.get("short_filename") or loop.get("filename")) if loop else None,
     )
 
 
