@@ -399,7 +399,7 @@ def _every_interface(host: str) -> bool:
             return ipaddress.ip_address(name).is_unspecified
         except ValueError:
             return False  # a host name: it resolves to its own addresses
-    return any(ipaddress.ip_address(info[4][0].split("%")[0]).is_unspecified for info in infos)
+    return any(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_unspecified for info in infos)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
