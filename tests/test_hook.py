@@ -408,3 +408,82 @@ def test_a_hook_file_truncated_under_the_job_never_kills_it(tmp_path):
                        env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
     assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
     assert r.stdout.strip() == "1000"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("field,value,why", [
+    ("batch_bytes", 2**64 - 1, "out of range"),
+    ("batches", 2**63, "out of range"),
+    ("in_next", 1e-300, "began before the process"),
+])
+def test_absurd_figures_from_the_hook_are_refused_at_the_probe(tmp_path, field, value, why):
+    # What the probe takes reaches the recording, whose reader refuses figures past its range
+    # (1 of 3 snapshots read back before): they are refused where they are read.
+    import os as _os
+
+    from loadertop.hook import HEADER, MAGIC, SIZE
+    from loadertop.probes.hooks import HookError
+
+    now = time.time()
+    values = {"batch_bytes": 0, "batches": 100, "in_next": 0.0, **{field: value}}
+    raw = bytearray(SIZE)
+    HEADER.pack_into(raw, 0, MAGIC, _os.getpid(), now, now, 10**9, values["batches"], now, now, values["batch_bytes"],
+                     2, values["in_next"])
+    raw[128:130] = b"{}"
+    path = tmp_path / "absurd.hook"
+    path.write_bytes(bytes(raw))
+    with pytest.raises(HookError, match=why):
+        read_hook(str(path))
+
+
+@pytest.mark.unit
+def test_a_counter_that_goes_back_is_a_reset_not_a_negative_rate(tmp_path, monkeypatch):
+    import os as _os
+
+    from loadertop.probes import hooks as H
+    from loadertop.probes.procfs import read_stat
+
+    path = tmp_path / f"loadertop-{_os.getpid()}-back.hook"
+    monkeypatch.setattr(H, "hook_files", lambda pid: H.Listing([str(path)]))
+    reader = H.HookReader()
+    started = read_stat(_os.getpid()).started_at
+    now = time.time()
+    for i, batches in enumerate((100, 200, 50, 80)):  # the job reset its counters at the third reading
+        _forge(path, config=b"{}")
+        raw = bytearray(path.read_bytes())
+        from loadertop.hook import COUNTERS, COUNTERS_AT
+
+        COUNTERS.pack_into(raw, COUNTERS_AT, now, batches * 10**7, batches, now, now)
+        path.write_bytes(bytes(raw))
+        dw = reader.data_wait(_os.getpid(), started, now + i)
+    assert dw is not None and dw.steps_per_s == pytest.approx(30.0) and 0 <= dw.fraction <= 1
+
+
+@pytest.mark.skipif(__import__("os").geteuid() != 0, reason="needs root to plant files as another user")
+def test_thousands_of_files_planted_under_a_trainers_names_are_not_opened(monkeypatch):
+    # Files of other users are told apart by a stat of the listing, never opened; the
+    # trainer's own user can plant at most MAX_HOOK_FILES that are read in a tick.
+    import os as _os
+
+    from loadertop.probes import hooks as H
+    from loadertop.probes.procfs import read_stat
+
+    pid = _os.getpid()
+    planted = []
+    try:
+        for i in range(2000):
+            path = f"/dev/shm/loadertop-{pid}-p{i}.hook"
+            _forge(path)
+            if i >= 100:
+                _os.chown(path, 65534, 65534)
+            planted.append(path)
+        opened = []
+        real = H.read_hook
+        monkeypatch.setattr(H, "read_hook", lambda path, owner=None: opened.append(path) or real(path, owner))
+        reader = H.HookReader()
+        reader.data_wait(pid, read_stat(pid).started_at, time.time())
+        assert len([p for p in opened if f"-{pid}-" in p]) == H.MAX_HOOK_FILES
+        assert any("belongs to user 65534" in n.message for n in reader.notices())
+    finally:
+        for path in planted:
+            _os.unlink(path)

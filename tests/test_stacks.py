@@ -388,3 +388,16 @@ def test_a_stateful_loader_in_the_main_process_is_loading_not_waiting():
               "_StatefulSingleProcessDataLoaderIter._next_data (torchdata/stateful_dataloader/stateful_dataloader.py:490)",
               "Slow.__getitem__ (train.py:30)"]
     assert pyspy.classify_main(frames) == pyspy.MAIN
+
+
+@pytest.mark.unit
+def test_a_worker_id_no_dataloader_could_have_is_not_taken():
+    # A process may show any locals: an id of 10**20 would reach the recording as a figure
+    # its own reader refuses. Ids and counts past 65535 are no torch worker's.
+    text = (DATA / "dump-worker-locals.json").read_text()
+    forged = text.replace('"name": "worker_id",\n            "addr": 140684435974312,\n            "arg": true,\n'
+                          '            "repr": "1"', '"name": "worker_id",\n            "addr": 140684435974312,\n'
+                          '            "arg": true,\n            "repr": "100000000000000000000"')
+    assert forged != text
+    info = parse_dump(forged, WORKER_PID)
+    assert info.worker_id is None and info.num_workers == 2

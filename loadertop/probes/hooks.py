@@ -15,11 +15,13 @@ import os
 import stat
 import time
 from collections import deque
+from dataclasses import dataclass, field
 
 from .. import notices as N
 from ..autotune.policy import Decision, Knobs
 from ..hook import CONFIG_AT, HEADER, MAGIC, SIZE
 from ..model import LOOP_NAMES, DataWait, LoaderConfig, Notice, TuneState
+from ..record import LARGEST
 from . import procfs
 
 # Listing /dev/shm is not for every tick: with torch's file_system sharing strategy it holds
@@ -30,6 +32,10 @@ HOOK_RESCAN_S = 5.0
 STALE_SWEEP_S = 60.0
 STALE_AFTER_S = 3600.0
 MAX_WORKER_PIDS = 4096
+MAX_PID = 2**22  # the kernel's pid_max at most
+# Files read per trainer and tick: a loop has a few loaders; thousands planted under its
+# names must not make a tick expensive.
+MAX_HOOK_FILES = 32
 
 
 class HookError(ValueError):
@@ -178,8 +184,14 @@ def read_hook(path: str, owner: int | None = None) -> dict | None:
     if len(raw) < HEADER.size or raw[:8] != MAGIC:
         raise HookError("it is not a loadertop hook file")
     _, pid, started, beat, wait_ns, batches, first, last, nbytes, clen, in_next = HEADER.unpack_from(raw, 0)
-    if pid <= 0 or not _finite(started, beat, first, last, in_next) or clen > SIZE - CONFIG_AT:
+    if pid <= 0 or pid > MAX_PID or not _finite(started, beat, first, last, in_next) or clen > SIZE - CONFIG_AT:
         raise HookError("its header is damaged")
+    # A recording holds what is read here: the figures must be ones its reader accepts
+    # (record.LARGEST), and a wait in progress cannot have begun before the process did.
+    if max(started, beat, first, last, in_next, wait_ns / 1e9, batches, nbytes) > LARGEST:
+        raise HookError("its figures are out of range")
+    if in_next and in_next < started - 1:
+        raise HookError("its wait in progress began before the process")
     config = parse_config(raw[CONFIG_AT : CONFIG_AT + clen])
     name = config.get("name") or os.path.basename(path)[len(f"loadertop-{pid}-") : -len(".hook")]
     return {"name": name, "pid": pid, "started": started, "heartbeat": beat, "wait_s": wait_ns / 1e9,
@@ -187,12 +199,37 @@ def read_hook(path: str, owner: int | None = None) -> dict | None:
             "in_next_since": in_next or None, "config": config}
 
 
-def _listed(folder: str, prefixes: tuple[str, ...]) -> list[str]:
+@dataclass
+class Listing:
+    """A trainer's hook files, and the first file under its names that another user owns."""
+
+    files: list[str] = field(default_factory=list)
+    foreign: tuple[str, int] | None = None  # (path, its owner)
+
+
+def _listed(folder: str, prefixes: tuple[str, ...], owner: int | None = None) -> Listing:
+    """Hook files under the prefixes; with `owner`, only that user's (a stat of the listing,
+    no open), at most MAX_HOOK_FILES of them."""
+    out = Listing()
     try:
         with os.scandir(folder) as entries:
-            return [e.path for e in entries if e.name.startswith(prefixes) and e.name.endswith(".hook")]
+            for e in entries:
+                if not (e.name.startswith(prefixes) and e.name.endswith(".hook")):
+                    continue
+                if owner is not None:
+                    try:
+                        uid = e.stat(follow_symlinks=False).st_uid
+                    except OSError:
+                        continue
+                    if uid != owner:
+                        out.foreign = out.foreign or (e.path, uid)
+                        continue
+                    if len(out.files) >= MAX_HOOK_FILES:
+                        break
+                out.files.append(e.path)
+            return out
     except OSError:
-        return []
+        return out
 
 
 def _pids_of(pid: int) -> tuple[int, ...]:
@@ -204,16 +241,19 @@ def _pids_of(pid: int) -> tuple[int, ...]:
         return (pid,)
 
 
-def hook_files(pid: int) -> list[str]:
+def hook_files(pid: int) -> Listing:
     """The trainer's hook files: through its own root (a container's /dev/shm), or our
     /dev/shm when it is the same mount (another user's root is closed to us)."""
     prefixes = tuple(f"loadertop-{p}-" for p in _pids_of(pid))
-    files = _listed(f"{procfs.PROC}/{pid}/root/dev/shm", prefixes)
-    if files:
-        return files
+    owner = procfs.owner_uid(pid)
+    if owner is None:
+        return Listing()
+    listing = _listed(f"{procfs.PROC}/{pid}/root/dev/shm", prefixes, owner)
+    if listing.files or listing.foreign:
+        return listing
     if procfs.same_mount_as_ours(pid, "/dev/shm"):
-        return _listed("/dev/shm", prefixes)
-    return []
+        return _listed("/dev/shm", prefixes, owner)
+    return listing
 
 
 def sweep_stale(folder: str = "/dev/shm", now: float | None = None) -> int:
@@ -221,7 +261,7 @@ def sweep_stale(folder: str = "/dev/shm", now: float | None = None) -> int:
     and have not beaten for STALE_AFTER_S. Returns how many went."""
     now = time.time() if now is None else now
     removed = 0
-    for path in _listed(folder, ("loadertop-",)):
+    for path in _listed(folder, ("loadertop-",)).files:
         name = os.path.basename(path)
         pid_text = name[len("loadertop-"):].split("-", 1)[0]
         if not pid_text.isdigit() or os.path.exists(f"{procfs.PROC}/{pid_text}"):
@@ -245,7 +285,7 @@ class HookReader:
         self.rolling_s = rolling_s
         self._readings: dict[tuple[int, float], dict[str, deque]] = {}
         self.configs: dict[tuple[int, float], dict[str, dict]] = {}
-        self._files: dict[tuple[int, float], tuple[float, list[str]]] = {}  # listed at, files
+        self._files: dict[tuple[int, float], tuple[float, Listing]] = {}  # listed at, files
         self._notices: dict[tuple[int, float], Notice] = {}
         self._swept_at = float("-inf")
 
@@ -261,7 +301,12 @@ class HookReader:
         pids = _pids_of(pid)
         hooks = []
         self._notices.pop(key, None)
-        for path in listed[1]:
+        if listed[1].foreign is not None:
+            path, uid = listed[1].foreign
+            self._notices[key] = Notice(
+                N.HOOK_INVALID, f"{path} is not a valid hook of trainer {pid}: it belongs to user {uid}, not to the "
+                f"trainer's user {owner}; ignored", "remove the file; loadertop.watch() writes its own", pid)
+        for path in listed[1].files:
             try:
                 h = read_hook(path, owner)
             except HookError as e:
@@ -289,7 +334,9 @@ class HookReader:
             ongoing = max(0.0, now - h["in_next_since"]) if h["in_next_since"] else 0.0
             stalled = max(stalled, ongoing)
             readings = per_loader.setdefault(h["name"], deque())
-            readings.append((now, h["wait_s"] + ongoing, h["batches"]))
+            if readings and (h["wait_s"] < readings[-1][1] - readings[-1][3] or h["batches"] < readings[-1][2]):
+                readings.clear()  # a counter went back: a new run of the file's counters, not a negative rate
+            readings.append((now, h["wait_s"] + ongoing, h["batches"], ongoing))
             while readings and readings[0][0] < now - self.rolling_s:
                 readings.popleft()
             first, last = readings[0], readings[-1]

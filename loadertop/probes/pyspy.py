@@ -234,6 +234,14 @@ def parse_dump(text: str, pid: int) -> WorkerInfo | None:
         return None
 
 
+MAX_COUNT = 65536  # worker ids and counts: anything larger is not torch's (a process may show any locals)
+
+
+def _count(text: str | None) -> int | None:
+    value = int_or_none(text)
+    return value if value is not None and 0 <= value < MAX_COUNT else None
+
+
 def _parse_threads(threads: list[dict], pid: int) -> WorkerInfo | None:
     main = next((t for t in threads if t.get("os_thread_id") == pid), None)
     if main is None:
@@ -245,8 +253,8 @@ def _parse_threads(threads: list[dict], pid: int) -> WorkerInfo | None:
     dataset = _local(loop, "dataset") if loop else None
     persistent = _local(loop, "persistent_workers") if loop else None
     return WorkerInfo(
-        worker_id=int_or_none(_local(loop, "worker_id")) if loop else None,
-        num_workers=int_or_none(_local(loop, "num_workers")) if loop else None,
+        worker_id=_count(_local(loop, "worker_id")) if loop else None,
+        num_workers=_count(_local(loop, "num_workers")) if loop else None,
         persistent_workers={"True": True, "False": False}.get(persistent or ""),
         # Names the process chose (its classes, functions, files): printable before they are shown.
         dataset_class=printable(dataset[1:].split(" ", 1)[0]) if dataset and dataset.startswith("<") else None,
