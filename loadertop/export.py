@@ -33,6 +33,7 @@ from .rules import Diagnoser
 # opens connections and sends nothing (slowloris) must not hold threads for long.
 MAX_CONNECTIONS = 16
 IDLE_TIMEOUT_S = 10.0
+REQUEST_DEADLINE_S = 10.0  # a whole request, however slowly its bytes come
 # A snapshot older than this many intervals (at least STALE_MIN_S) means sampling stopped.
 STALE_INTERVALS = 5
 STALE_MIN_S = 10.0
@@ -200,12 +201,41 @@ class _Server(ThreadingHTTPServer):
         finally:
             self._slots.release()
 
+    def handle_error(self, request, client_address) -> None:
+        """A client that hangs up or dawdles is its own fault: no traceback on our stderr."""
+        error = sys.exc_info()[1]
+        if isinstance(error, (ConnectionError, TimeoutError, OSError)):
+            return
+        print(f"loadertop: a scrape from {client_address[0]} failed: {type(error).__name__}: {error}", file=sys.stderr)
+
 
 def _handler(registry):
     from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
     class Handler(BaseHTTPRequestHandler):
         timeout = IDLE_TIMEOUT_S  # the socket's: a silent client is dropped
+
+        def setup(self) -> None:
+            super().setup()
+            # The socket's timeout applies to each recv: a client sending a byte at a time
+            # would hold its slot for ever. The whole request has a deadline; past it the
+            # connection is shut, and the blocked read ends.
+            self._deadline = threading.Timer(REQUEST_DEADLINE_S, self._cut)
+            self._deadline.daemon = True
+            self._deadline.start()
+
+        def _cut(self) -> None:
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+        def finish(self) -> None:
+            self._deadline.cancel()
+            try:
+                super().finish()
+            except OSError:
+                pass  # the client went away while we wrote
 
         def do_GET(self) -> None:
             if self.path.split("?", 1)[0] not in ("/", "/metrics"):

@@ -9,6 +9,7 @@ import os
 import re
 import socket
 import stat
+import struct
 import subprocess
 import sys
 import threading
@@ -306,6 +307,71 @@ def test_the_exporter_caps_connections_and_drops_silent_clients(monkeypatch):
     finally:
         for s in silent:
             s.close()
+
+
+def test_clients_that_drip_a_request_hold_their_slots_only_until_its_deadline(monkeypatch):
+    # A byte every 0.6 s beats a per-recv timeout of 1 s for ever; the request's deadline
+    # ends them, and real scrapes get through again.
+    from test_export import free_port, scrape
+
+    from loadertop import export
+
+    monkeypatch.setattr(export, "MAX_CONNECTIONS", 2)
+    monkeypatch.setattr(export, "IDLE_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(export, "REQUEST_DEADLINE_S", 2.0)
+    port = free_port()
+    sampler = SimpleNamespace(tick=lambda: snapshot(0, [trainer()]), close=lambda: None)
+    threading.Thread(target=export.serve, args=(sampler, f"127.0.0.1:{port}", 0.5), daemon=True).start()
+    wait_for(lambda: _connects(port), 10, what="the server")
+    time.sleep(0.5)  # the probe's own connection gives its slot back
+    stop = threading.Event()
+    cut = []
+
+    def drip() -> None:
+        s = socket.create_connection(("127.0.0.1", port))
+        try:
+            for byte in b"GET /metrics HTTP/1.1\r\nX-Slow: " + b"a" * 100:
+                if stop.is_set():
+                    return
+                s.sendall(bytes([byte]))
+                time.sleep(0.6)
+        except OSError:
+            cut.append(True)  # the server shut the connection
+        finally:
+            s.close()
+
+    drips = [threading.Thread(target=drip, daemon=True) for _ in range(2)]
+    for t in drips:
+        t.start()
+    try:
+        time.sleep(1.0)
+        assert scrape(port) == ""  # both slots held by the drippers: a scrape is refused
+        time.sleep(2.0)  # past the deadline of their requests
+        assert "loadertop_trainer_up" in wait_for(lambda: scrape(port), 10, what="a scrape past the drippers")
+        assert len(cut) == 2
+    finally:
+        stop.set()
+
+
+def test_a_client_that_hangs_up_leaves_no_traceback():
+    from test_export import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "loadertop", "export", str(os.getpid()), "--listen",
+                             f"127.0.0.1:{port}", "--no-stacks", "--interval", "0.5"], cwd=REPO,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        wait_for(lambda: _connects(port), 20, what="the exporter")
+        for _ in range(20):  # ask, then hang up hard (RST) before reading the answer
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.close()
+        time.sleep(1.0)
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=20)
+    assert "Traceback" not in err and "BrokenPipe" not in err and "ConnectionReset" not in err, err
 
 
 def _connects(port: int) -> bool:
