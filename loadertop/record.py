@@ -109,6 +109,13 @@ LATEST_TIME = 1e10  # epoch seconds in the year 2286: later is not a date loader
 
 
 def decode(data: dict) -> Snapshot:
+    if not isinstance(data, dict):
+        raise Damaged("a snapshot is not an object")
+    trainers = data.get("trainers")
+    if isinstance(trainers, list) and (len(trainers) > MAX_TRAINERS or any(
+            isinstance(t, dict) and isinstance(t.get("workers"), list) and len(t["workers"]) > MAX_WORKERS
+            for t in trainers)):
+        raise Damaged(f"it has more than {MAX_TRAINERS} trainers or {MAX_WORKERS} workers in one")
     snap = _decode(Snapshot, data)
     if not 0 < snap.time < LATEST_TIME:
         raise Damaged(f"its time {snap.time!r} is not a date")
@@ -150,32 +157,74 @@ class Recording:
 
 # Decompressed, a recording may hold this much, far more than a day of 16 workers
 # (docs/BENCHMARKS.md §3c): a file that inflates past it (a zlib bomb reaches 1000:1) is read
-# up to it.
+# up to it. It is inflated and read a line at a time: memory holds the snapshots decoded so
+# far and one chunk, never the inflated stream (a bomb of newlines cost ~10 bytes of memory
+# per inflated byte when it did).
 MAX_DECOMPRESSED = 1 << 30
 CHUNK = 1 << 16
+# What one recording may hold: more lines (empty ones count), snapshots, trainers in a
+# snapshot or processes in a trainer than this are no recording loadertop wrote.
+MAX_LINES = 1_000_000
+MAX_SNAPSHOTS = 400_000  # four and a half days at a tick a second
+MAX_LINE_BYTES = 64 << 20
+MAX_TRAINERS = 256
+MAX_WORKERS = 4096
 
 
-def _inflate(f, offset: int) -> tuple[bytes, str | None]:
-    """The decompressed stream, read and inflated a chunk at a time within MAX_DECOMPRESSED;
-    and where and why it stopped early, if it did."""
+def _inflate(f, offset: int):
+    """Decompressed chunks, read and inflated one at a time within MAX_DECOMPRESSED; the
+    generator's return value is where and why it stopped early, if it did."""
     unzip = zlib.decompressobj()
-    out = bytearray()
+    total = 0
     while True:
         chunk = unzip.unconsumed_tail or f.read(CHUNK)
         if not chunk:
             if not unzip.eof:
-                return bytes(out), "the file ends mid-write (the recorder was stopped): read up to its last snapshot"
-            return bytes(out), None
+                return "the file ends mid-write (the recorder was stopped): read up to its last snapshot"
+            return None
         try:
-            out += unzip.decompress(chunk, MAX_DECOMPRESSED - len(out) + 1)
+            out = unzip.decompress(chunk, min(CHUNK, MAX_DECOMPRESSED - total + 1))
         except zlib.error as e:
-            return bytes(out), f"corrupt data near byte {offset} ({e}): read the snapshots before it"
+            return f"corrupt data near byte {offset} ({e}): read the snapshots before it"
         offset += len(chunk) - len(unzip.unconsumed_tail)
-        if len(out) > MAX_DECOMPRESSED:
-            return bytes(out[:MAX_DECOMPRESSED]), (
-                f"it inflates past {MAX_DECOMPRESSED >> 20} MiB: read the snapshots up to there")
+        total += len(out)
+        if total > MAX_DECOMPRESSED:
+            yield out[: len(out) - (total - MAX_DECOMPRESSED)]
+            return f"it inflates past {MAX_DECOMPRESSED >> 20} MiB: read the snapshots up to there"
+        yield out
         if unzip.eof:
-            return bytes(out), None
+            return None
+
+
+def _lines(chunks):
+    """Complete lines from the chunks, each with whether more may follow; the generator's
+    return value is the inflater's problem, or the line cap's."""
+    pending = bytearray()
+    count = 0
+    problem = None
+    try:
+        while True:
+            chunk = next(chunks)
+            start = 0
+            while True:
+                end = chunk.find(b"\n", start)
+                if end < 0:
+                    pending += chunk[start:]
+                    if len(pending) > MAX_LINE_BYTES:
+                        return f"line {count + 1} is over {MAX_LINE_BYTES >> 20} MiB: read the snapshots before it"
+                    break
+                pending += chunk[start:end]
+                count += 1
+                if count > MAX_LINES:
+                    return f"it holds more than {MAX_LINES} lines: read the snapshots up to there"
+                yield bytes(pending), True
+                pending.clear()
+                start = end + 1
+    except StopIteration as stop:
+        problem = stop.value
+    if pending:
+        yield bytes(pending), False  # the last line, maybe torn
+    return problem
 
 
 def read(path: str) -> Recording:
@@ -183,18 +232,33 @@ def read(path: str) -> Recording:
         head = f.read(len(MAGIC))
         if head != MAGIC:
             raise NotARecording(f"{path} is not a loadertop recording (make one with `loadertop record`)")
-        out, problem = _inflate(f, len(MAGIC))
-    snapshots = []
-    lines = out.split(b"\n")
-    for i, line in enumerate(lines):
-        if not line:
-            continue
+        snapshots: list[Snapshot] = []
+        lines = _lines(_inflate(f, len(MAGIC)))
+        problem = None
+        i = 0
         try:
-            snapshots.append(decode(json.loads(line)))
-        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
-            if i == len(lines) - 1 and problem:
-                break  # the torn last line of a cut-short file
-            why = f" ({e})" if isinstance(e, Damaged) else ""
-            problem = problem or f"snapshot {i + 1} is damaged{why}: read the {len(snapshots)} before it"
-            break
+            while True:
+                line, complete = next(lines)
+                i += 1
+                if not line:
+                    continue
+                if len(snapshots) >= MAX_SNAPSHOTS:
+                    problem = f"it holds more than {MAX_SNAPSHOTS} snapshots: read that many"
+                    break
+                try:
+                    snapshots.append(decode(json.loads(line)))
+                except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
+                    if not complete:
+                        break  # the torn last line of a cut-short file (its problem follows)
+                    why = f" ({e})" if isinstance(e, Damaged) else ""
+                    problem = f"snapshot {i} is damaged{why}: read the {len(snapshots)} before it"
+                    break
+        except StopIteration as stop:
+            problem = problem or stop.value
+        if problem is None:
+            try:  # the torn line's reason, when reading stopped there
+                while True:
+                    next(lines)
+            except StopIteration as stop:
+                problem = stop.value
     return Recording(snapshots, problem)

@@ -80,14 +80,15 @@ def _trainer(last: TrainerSnapshot, snaps: Sequence[Snapshot], plan: Plan | None
         (s, t) for s in snaps for t in s.trainers if (t.pid, t.started_at) == (last.pid, last.started_at)
     ]
     running = [t for _, t in seen if t.status == "running"]
+    # Each process's samples, indexed in one pass (looked up per process, the report was
+    # snapshots x processes^2: 1.1 s for 4000 workers).
+    samples: dict[int, list[ProcessSample]] = {}
+    for t in running:
+        for p in (t.main, *t.workers):
+            samples.setdefault(p.pid, []).append(p)
 
     def history_of(pid: int) -> list[ProcessSample]:
-        out = []
-        for t in running:
-            for p in (t.main, *t.workers):
-                if p.pid == pid:
-                    out.append(p)
-        return out
+        return samples.get(pid, [])
 
     shm = None
     if last.shm is not None:
