@@ -473,28 +473,31 @@ def test_proc_entries_we_may_not_read_are_gone_to_us_not_a_crash(tmp_path, monke
 # --- process names anyone can set ------------------------------------------------------------
 
 
-def test_a_pt_data_worker_name_counts_only_under_a_python_trainer():
-    # Anyone can name a process pt_data_worker; under a shell it must not pose as a loader
-    # (the CPU split would shrink other jobs' share). Under a Python parent it is one.
+def test_a_pt_data_worker_name_counts_only_under_a_python_trainer_with_torch():
+    # Anyone can name a process pt_data_worker, and a binary python: under a shell, or under
+    # a Python that has no torch loaded, it must not pose as a loader (the CPU split would
+    # shrink other jobs' share, and the picker would list it). Under a Python that loaded
+    # torch it is one.
     from loadertop.probes import host, procfs
 
-    fake = subprocess.Popen(["sh", "-c", "(printf pt_data_worker > /proc/self/comm; sleep 60; :); :"])
-    real = subprocess.Popen([sys.executable, "-c",
-                             "import os, time\n"
-                             "if os.fork() == 0:\n"
-                             "    open('/proc/self/comm', 'w').write('pt_data_worker')\n"
-                             "time.sleep(60)\n"])
+    forking = ("import os, time\n"
+               "if os.fork() == 0:\n"
+               "    open('/proc/self/comm', 'w').write('pt_data_worker')\n"
+               "time.sleep(60)\n")
+    shell = subprocess.Popen(["sh", "-c", "(printf pt_data_worker > /proc/self/comm; sleep 60; :); :"])
+    bare = subprocess.Popen([sys.executable, "-c", forking])
+    real = subprocess.Popen([sys.executable, "-c", "import torch\n" + forking])
 
     def named(parent: int) -> bool:
         return any((st := procfs.read_stat(c)) and st.comm == "pt_data_worker" for c in procfs.children(parent))
 
     try:
-        wait_for(lambda: named(fake.pid) and named(real.pid), 10)
+        wait_for(lambda: named(shell.pid) and named(bare.pid) and named(real.pid), 60)
         owners = host.dataloader_owners()
         assert owners.get(real.pid) == 1
-        assert fake.pid not in owners
+        assert shell.pid not in owners and bare.pid not in owners
     finally:
-        for p in (fake, real):
+        for p in (shell, bare, real):
             subprocess.run(["pkill", "-KILL", "-P", str(p.pid)], check=False)
             p.kill()
             p.wait()

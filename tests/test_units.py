@@ -191,3 +191,21 @@ def test_every_rule_has_a_verdict_word():
 
     ids = [i for rule_ids, _, _ in ORDER for i in rule_ids]
     assert sorted(ids) == sorted(RULES)
+
+
+@pytest.mark.unit
+def test_a_proc_file_longer_than_a_page_is_read_whole():
+    # /proc/<pid>/maps hands over about a page a read: reading once kept the first ~4 KiB,
+    # so libraries mapped further down (torch's, the thread pools) were never seen.
+    import os
+
+    from loadertop.probes import procfs
+
+    with open(f"/proc/{os.getpid()}/maps") as f:
+        whole = f.read()
+    assert len(whole) > 8192  # this interpreter maps far more than a page's worth
+    import re
+
+    libraries = set(re.findall(r"/\S+\.so\S*", whole))
+    read = procfs.read_maps(os.getpid())
+    assert libraries and all(lib in read for lib in libraries)

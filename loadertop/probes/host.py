@@ -94,7 +94,16 @@ def _trainer_of(worker: procfs.Stat) -> int:
     return worker.ppid
 
 
+# Trainers judged by their maps, by (pid, start ticks): a trainer is read once.
+_TORCH: dict[tuple[int, int], bool] = {}
+_TORCH_KEPT = 4096
+
+
 def _is_python(pid: int) -> bool:
+    """A real DataLoader trainer: a Python interpreter (by name or command line) that has
+    torch loaded, as loadertop can read in its maps. Anyone can name a process python and its
+    children pt_data_worker; such fakes must not shrink other jobs' share of the CPUs, and
+    another user's trainer loadertop may not read is no trainer it can weigh."""
     st = procfs.read_stat(pid)
     if st is None:
         return False
@@ -102,7 +111,18 @@ def _is_python(pid: int) -> bool:
         args = [] if st.comm.startswith("python") else procfs.cmdline(pid) or []
     except PermissionError:
         return False
-    return runs_python(st, args)
+    if not runs_python(st, args):
+        return False
+    key = (pid, st.start_ticks)
+    if key not in _TORCH:
+        try:
+            maps = procfs.read_maps(pid) or ""
+        except PermissionError:
+            maps = ""
+        if len(_TORCH) >= _TORCH_KEPT:
+            _TORCH.clear()
+        _TORCH[key] = "libtorch" in maps or "/torch/_C" in maps
+    return _TORCH[key]
 
 
 def dataloader_owners() -> dict[int, int]:

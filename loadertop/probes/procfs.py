@@ -57,6 +57,11 @@ class Stat(NamedTuple):
         return BOOT_TIME + self.start_ticks / CLK_TCK
 
 
+# Shorter than this, a read of /proc is the whole file: a seq_file stops a read only at a
+# record's end near a page (4 KiB), and its records (maps lines) are far shorter than 2 KiB.
+SMALL_READ = 2048
+
+
 def _read_bytes(path: str) -> bytes | None:
     # os.open/os.read: half the cost of open().read() on /proc, which dominates a tick.
     try:
@@ -70,8 +75,10 @@ def _read_bytes(path: str) -> bytes | None:
         raise
     try:
         data = os.read(fd, 65536)
-        if len(data) < 65536:
-            return data  # /proc hands over a small file in one read
+        if len(data) < SMALL_READ:
+            return data  # a small file (stat, status, schedstat) comes whole in one read
+        # A seq_file (maps, /proc/stat on many CPUs) hands over about a page a read, whatever
+        # was asked: read to the end.
         chunks = [data]
         while chunk := os.read(fd, 65536):
             chunks.append(chunk)
