@@ -61,6 +61,25 @@ HIDDEN = [  # (arguments, the secret that must not survive)
     (["ghp_abcdefghijklmnopqrstuvwxyz0123456789"], "ghp_abcdefghijklmnopqrstuvwxyz0123456789"),
     (["--note=AKIAIOSFODNN7EXAMPLE"], "AKIAIOSFODNN7EXAMPLE"),
     (["eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.SflKxwRJSMeKKF2QT4"], "SflKxwRJSMeKKF2QT4"),
+    # the second review's leaks (issue 26)
+    (["-pS40SECRET"], "S40SECRET"),  # mysql's password glued to -p
+    (["--env=WANDB_API_KEY=S41"], "S41"),  # NAME=VALUE inside a flag's value
+    (["--key-data", "-----BEGIN PRIVATE KEY-----\nMIIEvS42\n-----END PRIVATE KEY-----"], "MIIEvS42"),
+    (["-----BEGIN RSA PRIVATE KEY-----MIIS43abc"], "MIIS43abc"),  # a block cut short
+    (["--cfg", "{'password': 'S44', 'lr': 0.1}"], "S44"),  # a Python dict
+    (["PASSWORD = S45"], "S45"),  # spaces around =
+    (["-u", "bob:S46"], "S46"),
+    (["--user", "bob:S47"], "S47"),
+    (["-H", "PRIVATE-TOKEN: S48"], "S48"),
+    (["--notify", "https://hooks.slack.com/services/T00000000/B00000000/S49xxxxxxxxxxxxxxxx"], "S49xxxx"),
+    (["--password:S50"], "S50"),
+    (["/password=S51"], "S51"),
+    (["--pin", "S52"], "S52"),
+    (["--otp", "S53"], "S53"),
+    (["--id-token", "S54"], "S54"),  # an exempt word that is not the last
+    (["--token-id", "S55"], "S55"),
+    (["--secret-file-content", "S56"], "S56"),
+    (["--key-file-content=S57"], "S57"),
 ]
 
 KEPT = [
@@ -86,6 +105,20 @@ KEPT = [
     ["user@example.com"],
     ["model.optimizer.lr=0.001", "data.path=/data"],
     ["--resume", "s3://bucket/ckpt/step-1000.pt"],
+    # over-redacted before (issue 26): field names, vocabulary tokens, settings
+    ["--image_key", "jpg"],
+    ["--caption-key", "txt"],
+    ["--label_key", "cls"],
+    ["--sort_key", "length"],
+    ["--bos-token", "<s>"],
+    ["--pad-token", "[PAD]"],
+    ["--eos_token", "</s>"],
+    ["--cookie-jar", "/tmp/cookies.txt"],
+    ["--auth-method", "oauth"],
+    ["--sig-figs", "3"],
+    ["--user", "bob"],  # a user name alone
+    ["-print"],  # a single-dash word, not -p and a password
+    ["--pin-memory", "True"],
 ]
 
 
