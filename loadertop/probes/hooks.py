@@ -32,7 +32,7 @@ HOOK_RESCAN_S = 5.0
 STALE_SWEEP_S = 60.0
 STALE_AFTER_S = 3600.0
 MAX_WORKER_PIDS = 4096
-MAX_PID = 2**22  # the kernel's pid_max at most
+MAX_PID = 2**31 - 1  # a pid is a positive int32
 # Files read per trainer and tick: a loop has a few loaders; thousands planted under its
 # names must not make a tick expensive.
 MAX_HOOK_FILES = 32
