@@ -20,26 +20,40 @@ from loadertop.demo import start_job, stop_job  # noqa: E402
 from loadertop.tui.app import LoadertopApp  # noqa: E402
 from loadertop.tui.source import LiveSource  # noqa: E402
 
+SETTLED = "tune settled"
 SHOTS = {
     # name: (scenario, size, the finding to wait for, or None for "none at all")
     "starved": ("starved", (120, 36), "input_bound"),
     "healthy": ("healthy", (120, 36), None),
     "oversubscribed": ("threads", (120, 36), "worker_threads"),
     "starved-80x24": ("starved", (80, 24), "input_bound"),
+    # The starved demo with watch(tune=True): shot once the tuner settled.
+    "tuned": ("starved", (120, 36), SETTLED),
 }
 
 
 async def shoot(name: str, scenario: str, size: tuple[int, int], wait_for: str | None) -> None:
-    proc, _ = start_job(scenario, argv0="python3")  # no path of the machine they were made on
+    tune = wait_for == SETTLED
+    # argv0: no path of the machine they were made on
+    proc, _ = start_job(scenario, argv0="python3", tune=tune)
     app = LoadertopApp(LiveSource([proc.pid]))
     try:
         async with app.run_test(size=size) as pilot:
             loop = asyncio.get_running_loop()
-            deadline = loop.time() + 60
+            deadline = loop.time() + (150 if tune else 60)
+            settled_at = None
             while loop.time() < deadline:
                 await pilot.pause(0.5)
                 ids = {f.id for f in app.findings}
-                ready = (wait_for in ids) if wait_for else (app.ticks_shown >= 25 and not ids)
+                if tune:
+                    last = app.history[-1] if app.history else None
+                    states = {lo.tune.state for t in (last.trainers if last else ()) for lo in t.loaders if lo.tune}
+                    if "settled" in states and settled_at is None:
+                        settled_at = loop.time()
+                    # Once the monitor's 30 s window holds the new setting alone.
+                    ready = settled_at is not None and loop.time() - settled_at >= 35
+                else:
+                    ready = (wait_for in ids) if wait_for else (app.ticks_shown >= 25 and not ids)
                 if ready and app.ticks_shown >= 12:
                     break
             app.save_screenshot(str(HERE / f"{name}.svg"))
