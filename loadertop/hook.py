@@ -3,7 +3,7 @@
 This is the writer's side (what a training script imports); probes/hooks.py reads.
 
 For clusters where ptrace (py-spy) is refused. The wrapper times each `next()` and writes
-cumulative counters into a small fixed-layout file in /dev/shm (one pwrite, ~1 µs a batch),
+cumulative counters into a small fixed-layout file in /dev/shm (two pwrites, ~3 µs a batch),
 which the monitor reads from outside without ptrace and without a network port. It imports
 nothing heavy, never changes what the loader yields, and never raises into the training
 loop: if the file cannot be written it warns once and does nothing more.
