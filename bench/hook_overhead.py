@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from loadertop.hook import watch  # noqa: E402
+from loadertop.inside.hook import watch  # noqa: E402
 
 
 class Loader:

@@ -33,7 +33,7 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "loadertop", "record", str(job.pid), "-o", str(out), "--duration",
                         str(args.seconds)], cwd=REPO, check=True, stderr=subprocess.DEVNULL)
         size = out.stat().st_size
-        from loadertop import record  # noqa: E402
+        from loadertop.outputs import record  # noqa: E402
 
         n = len(record.read(str(out)).snapshots)
         per_hour = size / n * 3600

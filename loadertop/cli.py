@@ -244,7 +244,7 @@ def _check_output(path: str, formats: tuple[str, ...] = REPORT_FORMATS) -> None:
 
 
 def _read_recording(path: str):
-    from .record import NotARecording, read
+    from .outputs.record import NotARecording, read
 
     try:
         recording = read(path)
@@ -262,20 +262,20 @@ def _read_recording(path: str):
 def _render(path: str | None, report: dict, snapshots) -> str:
     ext = os.path.splitext(path or "")[1].lower()
     if ext == ".md":
-        from .report_md import render as render_md
+        from .outputs.report_md import render as render_md
 
         return render_md(report)
     if ext == ".html":
-        from .report_html import render as render_html
+        from .outputs.report_html import render as render_html
 
         return render_html(report, snapshots)
-    from .report import to_json
+    from .outputs.report import to_json
 
     return to_json(report)
 
 
 def _write_report(path: str, text: str) -> int:
-    from .report import write_file
+    from .outputs.report import write_file
 
     try:
         write_file(path, text)
@@ -294,7 +294,7 @@ def _write_report(path: str, text: str) -> int:
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    from .report import build_report, to_json
+    from .outputs.report import build_report, to_json
     from .rules import diagnose_with_plans, thresholds
 
     if args.output:
@@ -355,7 +355,7 @@ def _sample_for_snapshot(args: argparse.Namespace):
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    from .record import Recorder
+    from .outputs.record import Recorder
     from .sampler import Sampler, run_ticks
 
     _check_pids(args.pids)
@@ -417,7 +417,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         import prometheus_client  # noqa: F401
     except ImportError:
         raise UsageError("the exporter needs prometheus-client: pip install prometheus-client") from None
-    from .export import serve
+    from .outputs.export import serve
 
     stacks = None
     if not args.no_stacks:
@@ -446,7 +446,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from .report import write_file
+    from .outputs.report import write_file
     from .tune import output
     from .tune.result import TuneSpec
     from .tune.runner import FactoryError, Tuner

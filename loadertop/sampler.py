@@ -22,7 +22,7 @@ from .probes.cgroup import CpuLimit, cpu_limit, memory_headroom
 from .probes.discovery import Discovery, Key, Tree, key_of
 from .probes.exits import ExitWatch
 from .probes.gpu import GpuProbe
-from .probes.hooks import HookReader
+from .probes.hook_files import HookReader
 from .probes.host import HostProbe, cpu_set, usable_cpus
 from .probes.processes import ProcessSampler
 from .probes.pyspy import WorkerInfo

@@ -66,7 +66,7 @@ async def shoot(name: str, scenario: str, size: tuple[int, int], wait_for: str |
 
 def render_report(name: str, app: LoadertopApp) -> None:
     """The HTML report of what the app sampled, as headless Chromium draws it."""
-    from loadertop import report, report_html
+    from loadertop.outputs import report, report_html
 
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None or not app.history:

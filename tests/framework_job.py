@@ -142,7 +142,7 @@ def lightning(args, truth: Truth) -> None:
     import lightning as L
     from torch.utils.data import DataLoader
 
-    from loadertop.lightning import LoadertopCallback
+    from loadertop.inside.lightning import LoadertopCallback
 
     class Gaps(L.Callback):
         """The loop's own measure: from one batch's end to the next one's start."""
@@ -194,7 +194,7 @@ def huggingface(args, truth: Truth) -> None:
 
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    from loadertop.huggingface import LoadertopCallback
+    from loadertop.inside.huggingface import LoadertopCallback
 
     class Gaps(TrainerCallback):
         """The loop's own measure: from one step's end to the next one's start."""

@@ -239,7 +239,7 @@ def test_no_change_and_no_measurement_in_the_first_epochs_first_batches():
 
 def test_ranks_that_share_the_nodes_cpus_tune_within_their_share(monkeypatch):
     # torchrun's ranks, not pinned apart: each sees every CPU; each plans with its share.
-    from loadertop.autotune import measure as M
+    from loadertop.autotune import readings as M
 
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     me = M.Self()

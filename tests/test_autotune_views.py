@@ -13,11 +13,11 @@ from synth import TRAINER, host, snapshot, story, trainer
 
 from loadertop.autotune.policy import Decision, Explorer, Knobs
 from loadertop.autotune.tuner import Tuner
-from loadertop.hook import _Publisher
+from loadertop.inside.hook import _Publisher
 from loadertop.model import TuneState
-from loadertop.probes.hooks import HookError, parse_tune, read_hook
-from loadertop.report import build_report
-from loadertop.report_md import render
+from loadertop.outputs.report import build_report
+from loadertop.outputs.report_md import render
+from loadertop.probes.hook_files import HookError, parse_tune, read_hook
 from loadertop.rules import diagnose_with_plans
 from loadertop.tui.app import LoadertopApp
 from loadertop.tui.source import ScriptedSource
@@ -105,7 +105,7 @@ def test_a_finding_says_tune_would_apply_its_change_or_that_the_tuner_measures_i
 
 @pytest.mark.unit
 def test_the_exporter_serves_the_tuners_setting_state_and_decisions():
-    from loadertop.export import Exporter
+    from loadertop.outputs.export import Exporter
 
     families = {f.name: f for f in Exporter._tune(tuned(SETTLED)[-1], "h")}
     labels = {"hostname": "h", "trainer_pid": str(TRAINER), "rank": "", "loader": "D"}

@@ -122,8 +122,8 @@ def test_each_framework_tunes_its_loader_in_place_and_ends_on_the_faster_setting
     missing = [PACKAGES[f] for f in frameworks if importlib.util.find_spec(PACKAGES[f].split(".")[0]) is None]
     if missing:
         pytest.skip(f"needs {', '.join(missing)} (the test extras)")
-    from loadertop.hook import hook_path
-    from loadertop.probes.hooks import read_hook
+    from loadertop.hookfile import hook_path
+    from loadertop.probes.hook_files import read_hook
 
     stop = tmp_path / "stop"
     jobs = {f: job("--framework", f, "--hook", "--tune", "--workers", "1", "--sleep-ms", "20", "--batch-size", "4",

@@ -17,8 +17,8 @@ from fake_nvml import (
 )
 from jobs import PYTHON, loadertop, wait_for
 
+from loadertop.outputs.report import build_report
 from loadertop.probes.gpu import GpuProbe
-from loadertop.report import build_report
 from loadertop.rules import diagnose
 from loadertop.sampler import Sampler
 

@@ -41,7 +41,7 @@ def _no_secret(text: str, where: str) -> None:
 
 
 def test_secrets_never_reach_a_recording(secret_target, tmp_path):
-    from loadertop.record import read
+    from loadertop.outputs.record import read
 
     out = tmp_path / "r.ltrec"
     r = loadertop("record", str(secret_target.pid), "-o", str(out), "--duration", "2", "--interval", "0.5",

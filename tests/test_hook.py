@@ -15,9 +15,9 @@ from test_isolation import SYSTEM_PYTHON, _nobody_can_run_system_python, world_r
 from test_snapshot_cli import only_trainer
 
 import loadertop as lt
-from loadertop.hook import hook_path
+from loadertop.hookfile import hook_path
 from loadertop.jobs import shm_wrapper
-from loadertop.probes.hooks import read_hook
+from loadertop.probes.hook_files import read_hook
 
 
 class Loader:
@@ -83,8 +83,9 @@ import torch
 import loadertop  # before Accelerate: nothing to teach yet
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
-from loadertop.hook import WatchedLoader, hook_path
-from loadertop.probes.hooks import read_hook
+from loadertop.inside.hook import WatchedLoader
+from loadertop.hookfile import hook_path
+from loadertop.probes.hook_files import read_hook
 
 warnings.simplefilter("error")
 folder = sys.argv[1]
@@ -201,7 +202,7 @@ def _forge(path, config: bytes = b"{}", pid: int | None = None, started: float |
            heartbeat: float | None = None) -> None:
     import os as _os
 
-    from loadertop.hook import CONFIG_AT, HEADER, MAGIC, SIZE
+    from loadertop.hookfile import CONFIG_AT, HEADER, MAGIC, SIZE
 
     now = time.time()
     raw = bytearray(SIZE)
@@ -219,7 +220,7 @@ def _forge(path, config: bytes = b"{}", pid: int | None = None, started: float |
                                         (b'{"dataset_class": ' + b'"' + b"x" * 300 + b'"}', "dataset_class"),
                                         (b'{"persistent_workers": 1}', "persistent_workers")])
 def test_a_malformed_hook_is_an_error_with_a_reason_never_a_crash(tmp_path, config, why):
-    from loadertop.probes.hooks import HookError
+    from loadertop.probes.hook_files import HookError
 
     path = tmp_path / "loadertop-1-x.hook"
     _forge(path, config)
@@ -230,7 +231,7 @@ def test_a_malformed_hook_is_an_error_with_a_reason_never_a_crash(tmp_path, conf
 def test_fifos_symlinks_and_other_users_files_are_refused_at_once(tmp_path):
     import os as _os
 
-    from loadertop.probes.hooks import HookError
+    from loadertop.probes.hook_files import HookError
 
     fifo = tmp_path / "loadertop-1-fifo.hook"
     _os.mkfifo(fifo)
@@ -254,7 +255,7 @@ def test_two_loaders_whose_files_go_in_one_tick_are_no_error():
     # Train and validation loaders end together: both files vanish between two readings.
     import os as _os
 
-    from loadertop.probes.hooks import HookReader
+    from loadertop.probes.hook_files import HookReader
     from loadertop.probes.procfs import read_stat
 
     pid = _os.getpid()
@@ -277,7 +278,7 @@ def test_a_forged_hook_of_another_user_is_ignored_with_a_notice():
     reach the figures, and a notice says why."""
     import os as _os
 
-    from loadertop.probes.hooks import HookReader
+    from loadertop.probes.hook_files import HookReader
     from loadertop.probes.procfs import read_stat
 
     pid = _os.getpid()
@@ -327,7 +328,7 @@ def test_watch_replaces_a_stale_file_of_an_earlier_process_with_its_pid(tmp_path
 def test_the_hook_file_goes_when_the_script_ends_and_a_killed_jobs_file_is_swept(tmp_path):
     import os as _os
 
-    from loadertop.probes.hooks import STALE_AFTER_S, sweep_stale
+    from loadertop.probes.hook_files import STALE_AFTER_S, sweep_stale
 
     script = ("import loadertop, sys\n"
               f"l = loadertop.watch([1, 2], name='ends', directory={str(tmp_path)!r})\n"
@@ -421,8 +422,8 @@ def test_absurd_figures_from_the_hook_are_refused_at_the_probe(tmp_path, field, 
     # (1 of 3 snapshots read back before): they are refused where they are read.
     import os as _os
 
-    from loadertop.hook import HEADER, MAGIC, SIZE
-    from loadertop.probes.hooks import HookError
+    from loadertop.hookfile import HEADER, MAGIC, SIZE
+    from loadertop.probes.hook_files import HookError
 
     now = time.time()
     values = {"batch_bytes": 0, "batches": 100, "in_next": 0.0, **{field: value}}
@@ -440,7 +441,7 @@ def test_absurd_figures_from_the_hook_are_refused_at_the_probe(tmp_path, field, 
 def test_a_counter_that_goes_back_is_a_reset_not_a_negative_rate(tmp_path, monkeypatch):
     import os as _os
 
-    from loadertop.probes import hooks as H
+    from loadertop.probes import hook_files as H
     from loadertop.probes.procfs import read_stat
 
     path = tmp_path / f"loadertop-{_os.getpid()}-back.hook"
@@ -451,7 +452,7 @@ def test_a_counter_that_goes_back_is_a_reset_not_a_negative_rate(tmp_path, monke
     for i, batches in enumerate((100, 200, 50, 80)):  # the job reset its counters at the third reading
         _forge(path, config=b"{}")
         raw = bytearray(path.read_bytes())
-        from loadertop.hook import COUNTERS, COUNTERS_AT
+        from loadertop.hookfile import COUNTERS, COUNTERS_AT
 
         COUNTERS.pack_into(raw, COUNTERS_AT, now, batches * 10**7, batches, now, now)
         path.write_bytes(bytes(raw))
@@ -465,7 +466,7 @@ def test_thousands_of_files_planted_under_a_trainers_names_are_not_opened(monkey
     # trainer's own user can plant at most MAX_HOOK_FILES that are read in a tick.
     import os as _os
 
-    from loadertop.probes import hooks as H
+    from loadertop.probes import hook_files as H
     from loadertop.probes.procfs import read_stat
 
     pid = _os.getpid()

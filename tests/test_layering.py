@@ -1,4 +1,6 @@
-"""The layering holds: headless modules never load Textual, and the monitor never loads torch.
+"""The layering holds: headless modules never load Textual, the monitor never loads torch,
+the trainer's side (loadertop/inside/) and the monitor's side do not reach into each other,
+and no two modules import each other.
 
 Two checks: a static one over every module's imports (top level or inside a function, so a
 lazy import cannot slip through), and a run that imports every headless module and looks at
@@ -15,7 +17,8 @@ import loadertop
 
 PACKAGE = Path(loadertop.__file__).parent
 # Code that runs inside a training job or a tune trial, where torch is already loaded.
-IN_THE_TRAINER = {"demo_job.py", "demo_images.py", "tune/examples.py", "tune/trial.py", "lightning.py", "huggingface.py"}
+IN_THE_TRAINER = {"demo_job.py", "demo_images.py", "tune/examples.py", "tune/trial.py", "inside/lightning.py",
+                  "inside/huggingface.py"}
 # Packages that load torch when imported.
 TORCH = ("torch", "torchdata", "lightning", "pytorch_lightning", "transformers", "accelerate")
 # The entry point may start the live view; nothing else outside the TUI may import it.
@@ -64,6 +67,80 @@ def test_every_module_imports_only_what_its_layer_may(path):
         assert not {m for m in imports if m.startswith("loadertop.tui")}, "only the entry point starts the TUI"
     if name not in IN_THE_TRAINER:
         assert not {m for m in imports if m.split(".")[0] in TORCH}, "loadertop observes: no torch"
+
+
+# What the trainer's side may import besides the standard library: the framework each file
+# adapts, the hook file's format, itself; and the in-place tuner only where tune=True asks.
+INSIDE_MAY = ("loadertop.hookfile", "loadertop.inside")
+FRAMEWORKS = ("lightning", "pytorch_lightning", "transformers", "accelerate")
+ONLY_WITH_TUNE = {"inside/hook.py": "loadertop.autotune.tuner"}
+# The package's face re-exports watch(); nothing else on the monitor's side imports inside/.
+FACE = {"__init__.py"}
+
+
+def _top_level_imports(source: str, name: str) -> set[str]:
+    """The modules a file imports when it is imported (not inside a function)."""
+    tree = ast.parse(source, name)
+    module_level = ast.Module(body=[n for n in tree.body if not isinstance(n, (ast.FunctionDef, ast.ClassDef))],
+                              type_ignores=[])
+    return _imports(ast.unparse(module_level), name)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("path", [p for p in _modules() if _name(p).startswith("inside/") or _name(p) == "hookfile.py"],
+                         ids=_name)
+def test_the_trainer_side_imports_only_the_standard_library_its_framework_and_the_hook_format(path):
+    name = _name(path)
+    allowed_lazily = ONLY_WITH_TUNE.get(name)
+    for module in _imports(path.read_text(), name):
+        top = module.split(".")[0]
+        if top in sys.stdlib_module_names or top in FRAMEWORKS and name != "hookfile.py":
+            continue
+        if module.startswith(INSIDE_MAY) and name != "hookfile.py":
+            continue
+        if allowed_lazily and module.startswith(allowed_lazily):
+            assert module not in _top_level_imports(path.read_text(), name), f"{module} only when tune=True asks"
+            continue
+        assert module == "loadertop", f"{name} imports {module}: the trainer's side takes nothing from the monitor"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("path", [p for p in _modules() if not _name(p).startswith("inside/")], ids=_name)
+def test_the_monitor_side_never_imports_the_trainer_side(path):
+    name = _name(path)
+    if name in FACE:
+        return
+    found = {m for m in _imports(path.read_text(), name) if m.startswith("loadertop.inside")}
+    assert not found, f"{name} imports {sorted(found)}: what the trainer writes is read through loadertop/hookfile.py"
+
+
+def _graph() -> dict[str, set[str]]:
+    """Which loadertop module imports which (any depth of the code), by module name."""
+    names = {".".join(("loadertop", *p.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(".__init__"): p
+             for p in _modules()}
+    graph = {}
+    for module, path in names.items():
+        imported = _imports(path.read_text(), _name(path))
+        graph[module] = {m for m in imported if m in names and m != module and not module.startswith(m + ".")
+                         and m != "loadertop"}
+    return graph
+
+
+@pytest.mark.unit
+def test_no_two_modules_import_each_other():
+    graph = _graph()
+    circles = sorted({tuple(sorted((a, b))) for a, deps in graph.items() for b in deps if a in graph.get(b, ())})
+    assert not circles, f"modules that import each other: {circles}"
+
+
+@pytest.mark.unit
+def test_no_two_modules_share_a_name():
+    """hook.py and probes/hooks.py, picker.py twice, plan.py twice: a reader opened the wrong one."""
+    stems: dict[str, list[str]] = {}
+    for p in _modules():
+        if p.name not in ("__init__.py", "__main__.py"):
+            stems.setdefault(p.stem.rstrip("s"), []).append(_name(p))
+    assert not {s: ps for s, ps in stems.items() if len(ps) > 1}
 
 
 @pytest.mark.unit

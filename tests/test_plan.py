@@ -331,7 +331,7 @@ def test_ten_minutes_of_the_starved_demo_raise_no_memory_alarm():
     advice the demo is there to show."""
     from pathlib import Path
 
-    from loadertop.record import read
+    from loadertop.outputs.record import read
     from loadertop.rules import Diagnoser
 
     recording = read(str(Path(__file__).parent / "data" / "demo-starved-10min.ltrec"))

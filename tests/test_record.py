@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from synth import gpu, host, snapshot, story, trainer, worker_exit
 
-from loadertop import record
+from loadertop.outputs import record
 
 
 def sample_story(n: int = 20):

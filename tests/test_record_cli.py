@@ -11,7 +11,7 @@ import time
 
 from jobs import REPO, loadertop, wait_for
 
-from loadertop import record
+from loadertop.outputs import record
 
 
 def test_record_then_report_from_the_recording(job, tmp_path):

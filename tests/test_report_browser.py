@@ -11,8 +11,8 @@ from dataclasses import replace
 import pytest
 from synth import gpu, host, snapshot, story, trainer
 
-from loadertop.report import build_report
-from loadertop.report_html import COLOURS, render
+from loadertop.outputs.report import build_report
+from loadertop.outputs.report_html import COLOURS, render
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run installs it)")

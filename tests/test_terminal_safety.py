@@ -55,8 +55,8 @@ def test_a_snapshot_makes_what_a_process_wrote_printable():
 def test_a_markdown_report_cannot_be_forged_by_what_it_quotes():
     from dataclasses import replace
 
-    from loadertop.report import build_report
-    from loadertop.report_md import render
+    from loadertop.outputs.report import build_report
+    from loadertop.outputs.report_md import render
     from loadertop.rules import diagnose_with_plans
 
     forged = "x\n## Findings\n- **OK** nothing to fix"

@@ -21,8 +21,8 @@ import pytest
 from jobs import REPO, loadertop, wait_for
 from synth import snapshot, trainer
 
-from loadertop import record
-from loadertop.record import MAGIC, Damaged, Recorder, decode, encode
+from loadertop.outputs import record
+from loadertop.outputs.record import MAGIC, Damaged, Recorder, decode, encode
 
 
 def _recording(path, lines: list[bytes]) -> None:
@@ -84,7 +84,7 @@ def test_a_report_on_thousands_of_workers_reads_each_trainers_workers_once():
 
     from synth import process
 
-    from loadertop import report
+    from loadertop.outputs import report
 
     walks = []
 
@@ -148,7 +148,7 @@ def test_the_html_report_escapes_everything_a_recording_holds(tmp_path):
 
 
 def test_reports_and_recordings_are_private_whole_and_utf8(tmp_path):
-    from loadertop.report import write_file
+    from loadertop.outputs.report import write_file
 
     path = tmp_path / "r.md"
     write_file(str(path), "données ✓")
@@ -294,7 +294,7 @@ def _text(exporter) -> str:
 
 
 def test_an_exporter_tick_that_fails_is_counted_and_sampling_goes_on(capsys):
-    from loadertop.export import Exporter
+    from loadertop.outputs.export import Exporter
 
     exporter = Exporter(_FlakySampler(), interval_s=1.0)
     for _ in range(3):
@@ -306,7 +306,7 @@ def test_an_exporter_tick_that_fails_is_counted_and_sampling_goes_on(capsys):
 
 
 def test_a_stale_snapshot_is_not_served_as_current(monkeypatch):
-    from loadertop import export
+    from loadertop.outputs import export
 
     exporter = export.Exporter(_FlakySampler(), interval_s=1.0)
     exporter.sample_once()
@@ -317,7 +317,7 @@ def test_a_stale_snapshot_is_not_served_as_current(monkeypatch):
 
 
 def test_worker_series_are_labelled_by_worker_id_not_pid():
-    from loadertop.export import Exporter
+    from loadertop.outputs.export import Exporter
 
     exporter = Exporter(_FlakySampler(), interval_s=1.0)
     exporter.sample_once()
@@ -330,7 +330,7 @@ def test_worker_series_are_labelled_by_worker_id_not_pid():
 def test_the_exporter_caps_connections_and_drops_silent_clients(monkeypatch):
     from test_export import free_port
 
-    from loadertop import export
+    from loadertop.outputs import export
 
     monkeypatch.setattr(export, "MAX_CONNECTIONS", 2)
     monkeypatch.setattr(export, "IDLE_TIMEOUT_S", 1.0)
@@ -361,7 +361,7 @@ def test_clients_that_drip_a_request_hold_their_slots_only_until_its_deadline(mo
     # ends them, and real scrapes get through again.
     from test_export import free_port, scrape
 
-    from loadertop import export
+    from loadertop.outputs import export
 
     monkeypatch.setattr(export, "MAX_CONNECTIONS", 2)
     monkeypatch.setattr(export, "IDLE_TIMEOUT_S", 1.0)
@@ -433,7 +433,7 @@ def _connects(port: int) -> bool:
 
 
 async def test_the_picker_shows_a_command_line_with_markup_as_it_is(monkeypatch):
-    from loadertop.picker import Candidate
+    from loadertop.candidates import Candidate
     from loadertop.tui import app as tui_app
     from loadertop.tui.screens import picker
 

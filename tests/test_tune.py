@@ -15,8 +15,8 @@ from jobs import PYTHON, REPO, descendants, loadertop, state, wait_for
 
 from loadertop.jobs import can_unshare_shm, shm_wrapper
 from loadertop.probes.host import usable_cpus
-from loadertop.tune import plan
-from loadertop.tune.plan import Config, Trial
+from loadertop.tune import grid as plan
+from loadertop.tune.grid import Config, Trial
 
 # --- the plan (pure) ------------------------------------------------------------------
 

@@ -136,8 +136,8 @@ def test_the_markdown_report_says_the_verdict_and_the_change_first_and_stays_sho
     # verdict, the change and its predicted gain come before any detail.
     from synth import host, snapshot, story, trainer
 
-    from loadertop.report import build_report
-    from loadertop.report_md import render
+    from loadertop.outputs.report import build_report
+    from loadertop.outputs.report_md import render
     from loadertop.rules import diagnose_with_plans
 
     snaps = story(20, lambda t: snapshot(t, [trainer(workers=8, worker_cpu=97.0, wait=0.62, usable=16)],
@@ -162,8 +162,8 @@ def test_the_html_report_draws_one_series_per_worker_and_a_single_point_as_a_dot
 
     from synth import host, snapshot, story, trainer
 
-    from loadertop.report import build_report
-    from loadertop.report_html import render
+    from loadertop.outputs.report import build_report
+    from loadertop.outputs.report_html import render
 
     def make(t):
         tr = trainer(workers=3, wait=0.6)

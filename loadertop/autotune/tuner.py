@@ -22,13 +22,13 @@ import logging
 import os
 import time
 import warnings
+from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
 
-from ..hook import worker_pids
 from ..probes import procfs
 from ..probes.discovery import WORKER_COMM
 from . import loader as L
-from . import measure as M
+from . import readings as M
 from .policy import MIN_GAIN as POLICY_MIN_GAIN
 from .policy import Decision, Explorer, Knobs, Proposal, Stretch, chunk_rates, compare, neighbours, with_workers
 
@@ -59,8 +59,12 @@ class TunerOff(Exception):
 
 
 class Tuner:
-    def __init__(self, name: str, publish, config, shards_by_worker: bool = False) -> None:
+    def __init__(self, name: str, publish, config, shards_by_worker: bool = False,
+                 workers_of: Callable[[object], list[int]] | None = None) -> None:
         self.name = name
+        # The worker pids of a DataLoader iterator: the hook's own reading, given by it (the
+        # tuner does not import the trainer side); without it, this process's workers by name.
+        self.workers_of: Callable[[object], list[int]] = workers_of or (lambda iterator: [])
         self.publish = publish  # writes the tuner's state into the hook file
         self.config = config  # the loader's settings as the hook published them (a callable)
         self.shards_by_worker = shards_by_worker
@@ -204,7 +208,7 @@ class Tuner:
             if self.explorer is not None and self.explorer.current != L.knobs_of(loader):
                 with self._applying():
                     iterator = L.switch(loader, self.explorer.current)
-                self.worker_pids = worker_pids(iterator)
+                self.worker_pids = self.workers_of(iterator)
         self.last_ns = self.clock()
         return iterator
 
@@ -450,7 +454,7 @@ class Tuner:
         """The workers of the loader being tuned: its iterator's, else this process's
         DataLoader workers (a framework built the iterator out of our sight)."""
         inner = L.innermost(loader) if loader is not None else None
-        pids = worker_pids(iterator) or worker_pids(getattr(inner, "_iterator", None))
+        pids = self.workers_of(iterator) or self.workers_of(getattr(inner, "_iterator", None))
         if pids or not getattr(inner, "num_workers", 0):
             return pids
         children = procfs.children(os.getpid())

@@ -93,7 +93,7 @@ class LoadertopApp(App):
         if self.source is None:
             from .screens.picker import PickerScreen
 
-            self.push_screen(PickerScreen())
+            self.push_screen(PickerScreen(self.gpu_pids, self.attach))
         else:
             self.sample()
 
@@ -303,7 +303,7 @@ class LoadertopApp(App):
     def save_report(self) -> str | None:
         """JSON + Markdown of the recent history; a write error is a notification, and the
         monitor keeps everything it sampled."""
-        from .. import report, report_md
+        from ..outputs import report, report_md
 
         if not self.history:
             self.notify("nothing sampled yet", severity="warning")

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 
 from ..fields import human_bytes, human_percent
 from ..rules.thresholds import WORKER_BUSY_THREADS
-from .plan import Summary, rate_of
+from .grid import Summary, rate_of
 from .result import TuneResult
 
 SCHEMA = "loadertop.tune/1"

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import psutil
 
 from ..probes import host as host_probe
-from . import plan
-from .plan import Config, Summary
+from . import grid
+from .grid import Config, Summary
 
 
 @dataclass
@@ -55,7 +55,7 @@ class TuneResult:
     spec: TuneSpec
     machine: Machine
     summaries: list[Summary]
-    recommendation: plan.Recommendation | None
+    recommendation: grid.Recommendation | None
     batch_size: int | None
     dataset: str | None
     extra_kwargs: tuple[str, ...]

@@ -25,8 +25,8 @@ from ..model import Snapshot
 from ..probes.gpu import GpuProbe
 from ..probes.processes import ProcessSampler
 from ..sampler import Sampler
-from . import plan
-from .plan import Config, Summary, Trial
+from . import grid
+from .grid import Config, Summary, Trial
 from .result import Machine, TuneResult, TuneSpec
 
 TRIAL_SCRIPT = os.path.join(os.path.dirname(__file__), "trial.py")
@@ -66,8 +66,8 @@ class Tuner:
     # --- the plan ---------------------------------------------------------------------
 
     def configs(self, pin: list[bool]) -> list[Config]:
-        workers = self.spec.workers if self.spec.workers is not None else plan.default_workers(self.machine.cpu_share)
-        return plan.grid(workers, self.spec.prefetch, pin)
+        workers = self.spec.workers if self.spec.workers is not None else grid.default_workers(self.machine.cpu_share)
+        return grid.grid(workers, self.spec.prefetch, pin)
 
     def _times(self, runs_left: int) -> tuple[float, float]:
         """(warm-up, window) for the next trial, from what is left of the budget."""
@@ -119,25 +119,25 @@ class Tuner:
         return self._result(stopped)
 
     def _extension(self) -> Config | None:
-        best = plan.still_climbing(self._summaries())
-        if best is None or 2 * best.config.num_workers > plan.MAX_WORKERS:
+        best = grid.still_climbing(self._summaries())
+        if best is None or 2 * best.config.num_workers > grid.MAX_WORKERS:
             return None
         return Config(2 * best.config.num_workers, best.config.prefetch_factor, best.config.pin_memory)
 
     def _repeat_candidates(self) -> list[Config]:
         summaries = self._summaries()
-        ranked = sorted(plan.usable(summaries), key=lambda s: -plan.rate_of(s))
+        ranked = sorted(grid.usable(summaries), key=lambda s: -grid.rate_of(s))
         candidates = [s.config for s in ranked[:REPEATS]]
-        rec = plan.recommend(summaries, self.machine.cpu_share)
+        rec = grid.recommend(summaries, self.machine.cpu_share)
         if rec is not None and rec.chosen.config not in candidates:
             candidates[-1:] = [rec.chosen.config]  # the pick itself must be measured twice
         return candidates
 
     def _summaries(self) -> list[Summary]:
-        return [plan.summarize(c, ts, self.machine.memory_available) for c, ts in sorted(self.trials.items())]
+        return [grid.summarize(c, ts, self.machine.memory_available) for c, ts in sorted(self.trials.items())]
 
     def _best(self) -> Summary | None:
-        return plan.fastest(self._summaries())
+        return grid.fastest(self._summaries())
 
     def _run_one(self, config: Config, index: int, total: int, runs_left: int, repeat: bool) -> None:
         warmup, window = self._times(runs_left)
@@ -289,7 +289,7 @@ class Tuner:
         summaries = self._summaries()
         return TuneResult(
             spec=self.spec, machine=self.machine, summaries=summaries,
-            recommendation=plan.recommend(summaries, self.machine.cpu_share),
+            recommendation=grid.recommend(summaries, self.machine.cpu_share),
             batch_size=self.loaded.get("batch_size"), dataset=self.loaded.get("dataset"),
             extra_kwargs=tuple(self.loaded.get("kwargs") or ()), cuda=bool(self.loaded.get("cuda")),
             elapsed_s=time.monotonic() - self.started_at, stopped=stopped, skipped=tuple(self.skipped),
@@ -359,7 +359,7 @@ class TrialRun:
         limit = self.tuner.spec.first_batch_timeout_s if self.first_batch_at is None else self.window + 30
         error = f"{what} within {limit:.0f} s: the dataset or a worker hangs"
         used, total = self.shm_peak
-        if total and used >= plan.SHM_LIMIT * total:
+        if total and used >= grid.SHM_LIMIT * total:
             # torch's loader blocks, not crashes, when its shared memory runs out
             error = (f"{what} within {limit:.0f} s with /dev/shm full ({used / 2**20:.0f} of "
                      f"{total / 2**20:.0f} MiB): the batches in flight do not fit")

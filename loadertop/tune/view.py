@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import time
 
-from .plan import Config, Summary, Trial
+from .grid import Config, Summary, Trial
 from .result import Machine
 from .runner import Progress
 

@@ -1,6 +1,7 @@
 """`loader = loadertop.watch(loader)`: exact data wait from inside the training script.
 
-This is the writer's side (what a training script imports); probes/hooks.py reads.
+The writer's side; loadertop/probes/hook_files.py reads, and loadertop/hookfile.py defines
+the file both read.
 
 For clusters where ptrace (py-spy) is refused. The wrapper times each `next()` and writes
 cumulative counters into a small fixed-layout file in /dev/shm (two pwrites, ~3 µs a batch),
@@ -18,30 +19,24 @@ import os
 import secrets
 import stat
 import struct
-import sys
 import time
 import warnings
 from typing import Any
 
-MAGIC = b"LTHOOK1\0"
-SIZE = 4096
-# magic, pid, started, heartbeat, wait_ns, batches, first_batch_at, last_batch_at, batch_bytes,
-# config length, in_next_since (0 when not inside next(): a wait in progress is visible).
-HEADER = struct.Struct("<8sqddQQddQId")
-COUNTERS = struct.Struct("<dQQdd")  # heartbeat, wait_ns, batches, first_batch_at, last_batch_at
-TAIL = struct.Struct("<dQQddQId")  # the counters, batch_bytes, config length, in_next_since: one write
-COUNTERS_AT = 24  # after magic, pid, started
-BYTES_AT = 64
-CONFIG_LEN_AT = 72
-IN_NEXT_AT = 76
-CONFIG_AT = 128
-DIRECTORY = "/dev/shm"
+from ..hookfile import (
+    CONFIG_AT,
+    CONFIG_LEN_AT,
+    COUNTERS_AT,
+    DIRECTORY,
+    HEADER,
+    IN_NEXT_AT,
+    MAGIC,
+    SIZE,
+    TAIL,
+    hook_path,
+)
+
 _names = itertools.count()
-
-
-def hook_path(pid: int, name: str, directory: str = DIRECTORY) -> str:
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:64]
-    return os.path.join(directory, f"loadertop-{pid}-{safe}.hook")
 
 
 def _batch_bytes(batch, depth: int = 0) -> int:
@@ -115,10 +110,21 @@ def _is_stale_own(path: str) -> bool:
         started = HEADER.unpack_from(raw, 0)[2] if len(raw) == HEADER.size and raw[:8] == MAGIC else 0.0
     except (OSError, struct.error):
         return False
-    from .probes.procfs import read_stat  # only here: the training script imports this module
+    ours = _own_start()  # a stale file was written before this process started
+    return ours is not None and started < ours - 1.0
 
-    ours = read_stat(os.getpid())  # this process's start (a stale file was written before it)
-    return ours is not None and started < ours.started_at - 1.0
+
+def _own_start() -> float | None:
+    """When this process started (seconds since the epoch), from /proc: the standard
+    library only, as everything the training script imports."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        with open("/proc/stat", "rb") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime, in ticks
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
 
 
 def _create(path: str) -> int:
@@ -395,26 +401,11 @@ def tuner_of(pub: _Publisher, name: str, shards_by_worker: bool = False):
     """The publisher's tuner (one per watched name: a loader watched again goes on with it)."""
     if pub.tuner is None:
         try:
-            from .autotune.tuner import Tuner  # only with tune=True: nothing else pays for it
+            from ..autotune.tuner import Tuner  # only with tune=True: nothing else pays for it
 
             pub.tuner = Tuner(name, pub.publish_tune, lambda: {**pub.config, "batch_bytes": pub.batch_bytes or None},
-                              shards_by_worker=shards_by_worker)
+                              shards_by_worker=shards_by_worker, workers_of=worker_pids)
         except Exception as e:  # the hook must never break training: watched, not tuned
             warnings.warn(f"loadertop tune {name}: off ({type(e).__name__}: {e})", RuntimeWarning, stacklevel=4)
             return None
     return pub.tuner
-
-
-def watch(loader, name: str | None = None, directory: str = DIRECTORY, tune: bool = False,
-          shards_by_worker: bool = False):
-    """Wrap a DataLoader so that loadertop reads its exact data wait. Returns the wrapper.
-
-    tune=True: measure num_workers and prefetch_factor in place while the job trains, and
-    keep what is measured faster (loadertop/autotune). shards_by_worker=True: the loader's
-    IterableDataset shards its items by worker so that the epoch yields the same items
-    whatever the count (without it, an IterableDataset is watched but not tuned)."""
-    if "accelerate.accelerator" in sys.modules:
-        from .hook_accelerate import teach  # here: it needs WatchedLoader, defined above
-
-        teach()  # accelerator.prepare(watched) then shards the loader and keeps it watched
-    return WatchedLoader(loader, name, directory, tune=tune, shards_by_worker=shards_by_worker)

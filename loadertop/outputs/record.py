@@ -17,8 +17,8 @@ import typing
 import zlib
 from dataclasses import dataclass
 
-from .files import open_private
-from .model import Snapshot
+from ..files import open_private
+from ..model import Snapshot
 
 MAGIC = b"LOADERTOP-RECORDING 1\n"
 

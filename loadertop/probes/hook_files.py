@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 from .. import notices as N
 from ..autotune.policy import Decision, Knobs
-from ..hook import CONFIG_AT, HEADER, MAGIC, SIZE
+from ..hookfile import CONFIG_AT, HEADER, MAGIC, PREFIX, SIZE, SUFFIX, prefix_of
 from ..model import LOOP_NAMES, DataWait, LoaderConfig, Notice, TuneState
-from ..record import LARGEST
+from ..outputs.record import LARGEST
 from . import procfs
 
 # Listing /dev/shm is not for every tick: with torch's file_system sharing strategy it holds
@@ -193,7 +193,7 @@ def read_hook(path: str, owner: int | None = None) -> dict | None:
     if in_next and in_next < started - 1:
         raise HookError("its wait in progress began before the process")
     config = parse_config(raw[CONFIG_AT : CONFIG_AT + clen])
-    name = config.get("name") or os.path.basename(path)[len(f"loadertop-{pid}-") : -len(".hook")]
+    name = config.get("name") or os.path.basename(path)[len(prefix_of(pid)) : -len(SUFFIX)]
     return {"name": name, "pid": pid, "started": started, "heartbeat": beat, "wait_s": wait_ns / 1e9,
             "batches": batches, "first_batch_at": first, "last_batch_at": last, "batch_bytes": nbytes or None,
             "in_next_since": in_next or None, "config": config}
@@ -214,7 +214,7 @@ def _listed(folder: str, prefixes: tuple[str, ...], owner: int | None = None) ->
     try:
         with os.scandir(folder) as entries:
             for e in entries:
-                if not (e.name.startswith(prefixes) and e.name.endswith(".hook")):
+                if not (e.name.startswith(prefixes) and e.name.endswith(SUFFIX)):
                     continue
                 if owner is not None:
                     try:
@@ -244,7 +244,7 @@ def _pids_of(pid: int) -> tuple[int, ...]:
 def hook_files(pid: int) -> Listing:
     """The trainer's hook files: through its own root (a container's /dev/shm), or our
     /dev/shm when it is the same mount (another user's root is closed to us)."""
-    prefixes = tuple(f"loadertop-{p}-" for p in _pids_of(pid))
+    prefixes = tuple(prefix_of(p) for p in _pids_of(pid))
     owner = procfs.owner_uid(pid)
     if owner is None:
         return Listing()
@@ -261,9 +261,9 @@ def sweep_stale(folder: str = "/dev/shm", now: float | None = None) -> int:
     and have not beaten for STALE_AFTER_S. Returns how many went."""
     now = time.time() if now is None else now
     removed = 0
-    for path in _listed(folder, ("loadertop-",)).files:
+    for path in _listed(folder, (PREFIX,)).files:
         name = os.path.basename(path)
-        pid_text = name[len("loadertop-"):].split("-", 1)[0]
+        pid_text = name[len(PREFIX):].split("-", 1)[0]
         if not pid_text.isdigit() or os.path.exists(f"{procfs.PROC}/{pid_text}"):
             continue
         try:

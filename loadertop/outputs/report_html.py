@@ -10,11 +10,11 @@ import math
 import re
 from collections.abc import Sequence
 
-from .fields import REPORT_COLUMNS, WORKER_FIELD, row
-from .model import Snapshot, TrainerSnapshot
+from ..fields import REPORT_COLUMNS, WORKER_FIELD, row
+from ..model import Snapshot, TrainerSnapshot
+from ..verdict import verdict_of_report
 from .report_md import plan_line, processes
 from .report_md import render as render_md
-from .verdict import verdict_of_report
 
 
 def e(value) -> str:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import re
 
-from .fields import REPORT_COLUMNS, WORKER_FIELD, human_bytes, human_percent, row
-from .verdict import verdict_of_report
+from ..fields import REPORT_COLUMNS, WORKER_FIELD, human_bytes, human_percent, row
+from ..verdict import verdict_of_report
 
 
 def code(text) -> str:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from transformers import TrainerCallback
 
+from ..hookfile import DIRECTORY
 from .gaps import FetchGaps
-from .hook import DIRECTORY
 
 
 class LoadertopCallback(TrainerCallback):

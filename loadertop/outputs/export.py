@@ -15,7 +15,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from .fields import (
+from ..fields import (
     EXPORTED,
     FINDING_METRIC,
     LAST_SAMPLE,
@@ -26,8 +26,8 @@ from .fields import (
     TUNE_EXPORTED,
     TUNE_STATE,
 )
-from .model import Finding, Snapshot
-from .rules import Diagnoser
+from ..model import Finding, Snapshot
+from ..rules import Diagnoser
 
 # A scrape holds a connection for milliseconds: a few at once is plenty, and a client that
 # opens connections and sends nothing (slowloris) must not hold threads for long.

@@ -10,13 +10,13 @@ import datetime as dt
 import json
 from collections.abc import Iterable, Sequence
 
-from .files import write_atomic
-from .model import Finding, GpuSnapshot, Notice, ProcessSample, Snapshot, TrainerSnapshot, TuneState
-from .notices import NoticeBoard
-from .numbers import mean_of
-from .rules import diagnose_with_plans
-from .rules.plan import Plan
-from .verdict import verdict
+from ..files import write_atomic
+from ..model import Finding, GpuSnapshot, Notice, ProcessSample, Snapshot, TrainerSnapshot, TuneState
+from ..notices import NoticeBoard
+from ..numbers import mean_of
+from ..rules import diagnose_with_plans
+from ..rules.plan import Plan
+from ..verdict import verdict
 
 SCHEMA = "loadertop.report/1"
 

@@ -14,8 +14,8 @@ try:
 except ImportError:  # the older package name
     from pytorch_lightning import Callback  # type: ignore[assignment]
 
+from ..hookfile import DIRECTORY
 from .gaps import FetchGaps
-from .hook import DIRECTORY
 
 
 class LoadertopCallback(Callback):
