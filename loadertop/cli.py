@@ -295,7 +295,7 @@ def _write_report(path: str, text: str) -> int:
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
     from .outputs.report import build_report, to_json
-    from .rules import diagnose_with_plans, thresholds
+    from .rules import diagnosed, thresholds
 
     if args.output:
         _check_output(args.output)
@@ -311,8 +311,8 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         snapshots, interrupted = _sample_for_snapshot(args)
         duration = args.duration
     # A short snapshot is one window of evidence: it may hold a finding for half its length.
-    findings, plans = diagnose_with_plans(snapshots, hold_s=min(thresholds.HOLD_S, max(1.0, duration / 2)))
-    report = build_report(snapshots, findings, plans=plans)
+    diagnosis = diagnosed(snapshots, hold_s=min(thresholds.HOLD_S, max(1.0, duration / 2)))
+    report = build_report(snapshots, diagnosis.findings(), diagnosis.notices(), plans=diagnosis.plans)
     status = 0
     if args.output:
         status = _write_report(args.output, _render(args.output, report, snapshots))

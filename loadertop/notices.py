@@ -39,6 +39,9 @@ JOB_EXITED = "job_exited"
 TRAINER_EXITED = "trainer_exited"
 TRAINER_CRASHED = "trainer_crashed"
 
+# loadertop itself
+RULE_FAILED = "rule_failed"  # a rule (or the plan) raised: a bug; its finding cannot be judged
+
 
 class NoticeBoard:
     """The notices of one tick, each said once."""
@@ -52,6 +55,12 @@ class NoticeBoard:
 
     def all(self) -> list[Notice]:
         return list(self.items.values())
+
+
+def rule_failed(rule_id: str, pid: int, error: Exception) -> Notice:
+    return Notice(RULE_FAILED, f"rule {rule_id} failed on trainer {pid} ({type(error).__name__}: {error}); "
+                  "its finding cannot be judged", "this is a bug in loadertop: please report it with a snapshot "
+                  "(`loadertop snapshot PID -o report.json`)", pid)
 
 
 def job_status_notice(pid: int) -> Notice:

@@ -5,6 +5,12 @@ import time
 import pytest
 from jobs import Job
 
+from loadertop.rules import RAISE_RULE_ERRORS
+
+# A rule that raises fails the test that fed it (in use it is a notice naming the rule);
+# set here so that the CLI and TUI the tests start inherit it.
+os.environ[RAISE_RULE_ERRORS] = "1"
+
 
 def pytest_collection_modifyitems(items):
     """Everything that is not a unit test is slow: `pytest -m "not slow"` is the quick loop."""

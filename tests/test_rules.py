@@ -390,3 +390,35 @@ def test_a_broken_snapshot_never_raises():
     weird = trainer(wait=0.5, usable_cpus=None, workers=0)
     h = story(20, lambda t: snapshot(t, [replace(weird, main=process(TRAINER, None))], host(cpu=None)))
     diagnose(h)  # no exception
+
+
+def _raising(ctx):
+    raise KeyError("num_workers")
+
+
+@pytest.mark.unit
+def test_a_rule_that_raises_is_a_notice_naming_it_not_a_quiet_job(monkeypatch):
+    from loadertop.outputs.report import build_report
+    from loadertop.rules import RAISE_RULE_ERRORS, RULES, diagnosed
+
+    monkeypatch.delenv(RAISE_RULE_ERRORS)
+    monkeypatch.setitem(RULES, "input_bound", _raising)
+    snaps = story(30, lambda t: snapshot(t, [trainer(wait=0.6)], host()))
+    d = diagnosed(snaps)
+    assert "input_bound" not in {f.id for f in d.findings()}
+    [notice] = d.notices()
+    assert notice.id == "rule_failed" and notice.trainer_pid == TRAINER
+    assert "rule input_bound failed" in notice.message and "KeyError" in notice.message
+    report = build_report(snaps, d.findings(), d.notices(), plans=d.plans)
+    assert [n["id"] for n in report["notices"]] == ["rule_failed"]
+    # The other rules still judge the job.
+    assert d.plans
+
+
+@pytest.mark.unit
+def test_in_the_suite_a_rule_that_raises_fails_the_test(monkeypatch):
+    from loadertop.rules import RULES, diagnosed
+
+    monkeypatch.setitem(RULES, "input_bound", _raising)
+    with pytest.raises(KeyError):
+        diagnosed(story(5, lambda t: snapshot(t, [trainer(wait=0.6)], host())))

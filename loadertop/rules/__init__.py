@@ -9,11 +9,14 @@ trainer's latest plan; `diagnose(history)` is the same fold over a whole history
 
 from __future__ import annotations
 
+import os
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from ..model import Finding, Snapshot
+from .. import notices as N
+from ..model import Finding, Notice, Snapshot
 from . import (
     cpu_oversubscribed,
     input_bound,
@@ -51,6 +54,9 @@ RULES = {
 }
 ORDER = {rule_id: i for i, rule_id in enumerate(RULES)}
 LOOKBACK_S = 600.0
+# Set in the test suite (tests/conftest.py): a rule that raises fails the test that fed it,
+# where in use it turns into a notice that names it.
+RAISE_RULE_ERRORS = "LOADERTOP_RAISE_RULE_ERRORS"
 
 
 @dataclass
@@ -82,10 +88,12 @@ class _State:
 class Diagnoser:
     """Feeds snapshots one at a time; the same result as diagnose() over the same history."""
 
-    def __init__(self, hold_s: float = T.HOLD_S, clear_s: float = T.CLEAR_S, rules=None) -> None:
+    def __init__(self, hold_s: float = T.HOLD_S, clear_s: float = T.CLEAR_S,
+                 rules: Mapping[str, Callable[[Context], Check]] | None = None) -> None:
         self.hold_s = hold_s
         self.clear_s = clear_s
         self.rules = rules or RULES
+        self.failed: dict[tuple[str, int], Notice] = {}  # (rule id, trainer pid) -> what it raised
         self._recent: deque[Snapshot] = deque()
         self._states: dict[tuple[str, int, float], _State] = {}
         self.plans: dict[tuple[int, float], Plan] = {}  # each trainer's latest plan
@@ -104,13 +112,14 @@ class Diagnoser:
                 live.add(key)
                 try:
                     result = check(ctx)
-                except (ArithmeticError, ValueError, TypeError, KeyError):
-                    result = Check(None)  # a rule must never take the monitor down
+                except Exception as e:  # a rule must never take the monitor down, nor go quiet
+                    result = Check(None)
+                    self._failed(rule_id, trainer.pid, e)
                 self._states.setdefault(key, _State()).update(snap.monotonic, result, self.hold_s, self.clear_s)
             try:
                 self.plans[(trainer.pid, trainer.started_at)] = ctx.plan
-            except (ArithmeticError, ValueError, TypeError, KeyError):
-                pass
+            except Exception as e:
+                self._failed("plan", trainer.pid, e)
         # Trainers that exited keep their last findings (the report shows the last data).
         for key in [k for k in self._states if k not in live and not self._known(k, snap)]:
             del self._states[key]
@@ -118,8 +127,18 @@ class Diagnoser:
         self.plans = {k: v for k, v in self.plans.items() if k in known}
         return self.findings()
 
+    def _failed(self, rule_id: str, pid: int, error: Exception) -> None:
+        if os.environ.get(RAISE_RULE_ERRORS):
+            raise error
+        self.failed[(rule_id, pid)] = N.rule_failed(rule_id, pid, error)
+
+    def notices(self) -> list[Notice]:
+        """A notice for each rule that raised (its finding cannot be judged): a bug in loadertop,
+        never read as a quiet job."""
+        return list(self.failed.values())
+
     @staticmethod
-    def _known(key, snap: Snapshot) -> bool:
+    def _known(key: tuple[str, int, float], snap: Snapshot) -> bool:
         return any((t.pid, t.started_at) == key[1:] for t in snap.trainers)
 
     def findings(self) -> list[Finding]:
@@ -136,14 +155,20 @@ class Diagnoser:
         return self.plans.get((pid, started_at))
 
 
-def diagnose(history: Iterable[Snapshot], **kwargs) -> list[Finding]:
+def diagnose(history: Iterable[Snapshot], **kwargs: Any) -> list[Finding]:
     return diagnose_with_plans(history, **kwargs)[0]
 
 
-def diagnose_with_plans(history: Iterable[Snapshot], **kwargs) -> tuple[list[Finding], dict[tuple[int, float], Plan]]:
+def diagnose_with_plans(history: Iterable[Snapshot],
+                        **kwargs: Any) -> tuple[list[Finding], dict[tuple[int, float], Plan]]:
     """The findings at the end of a history, and each trainer's plan then."""
+    d = diagnosed(history, **kwargs)
+    return d.findings(), dict(d.plans)
+
+
+def diagnosed(history: Iterable[Snapshot], **kwargs: Any) -> Diagnoser:
+    """A diagnoser fed the whole history: its findings, plans and notices at the end."""
     d = Diagnoser(**kwargs)
-    out: list[Finding] = []
     for snap in history:
-        out = d.feed(snap)
-    return out, dict(d.plans)
+        d.feed(snap)
+    return d

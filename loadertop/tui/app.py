@@ -177,7 +177,8 @@ class LoadertopApp(App):
         self.query_one(HistoryPanel).render_for(snap, trainer, now=self.paused or self.ended)
         self.query_one(OverviewPanel).render_for(snap, self.findings, self.selected)
         self.query_one(WorkersTable).show(trainer, snap.time)
-        notices = [n for n in snap.notices if trainer is None or n.trainer_pid in (None, trainer.pid)]
+        failed = self.source.diagnoser.notices() if self.source is not None else []
+        notices = [n for n in (*snap.notices, *failed) if trainer is None or n.trainer_pid in (None, trainer.pid)]
         self.query_one(FindingsPanel).render_for(trainer, self.findings, notices)
         self.query_one(EventsPanel).render_for(trainer)
         self._fold_history()
@@ -310,7 +311,8 @@ class LoadertopApp(App):
             return None
         snaps = list(self.history)[-300:]
         plans = self.source.diagnoser.plans if self.source is not None else None
-        data = report.build_report(snaps, self.findings, plans=plans)
+        failed = self.source.diagnoser.notices() if self.source is not None else []
+        data = report.build_report(snaps, self.findings, failed, plans=plans)
         pid = snaps[-1].jobs[0] if snaps[-1].jobs else "host"
         stem = self.save_dir / f"loadertop-{pid}-{time.strftime('%Y%m%d-%H%M%S')}"
         try:
