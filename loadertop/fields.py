@@ -156,7 +156,7 @@ class Metric:
     name: str
     help: str
     scope: str  # host | trainer | process
-    value: Callable[[Any], Any] | None  # of the HostSnapshot / TrainerSnapshot / ProcessSample / TuneState
+    value: Callable[[Any], Any]  # of the HostSnapshot / TrainerSnapshot / ProcessSample / TuneState
 
     @property
     def labels(self) -> list[str]:
@@ -214,7 +214,8 @@ TUNE_EXPORTED = (
 TUNE_STATE = ("loadertop_tune_state", "1 for the in-place tuner's state: warm-up, measuring, trying, settled or off")
 TUNE_DECISIONS = ("loadertop_tune_decisions", "decisions the in-place tuner made, by action (try, keep, revert, "
                   "settle, off)")
-FINDING_METRIC = Metric("loadertop_finding", "1 for each active finding, by id and severity", "finding", None)
+FINDING_METRIC = Metric("loadertop_finding", "1 for each active finding, by id and severity", "finding",
+                        lambda finding: 1.0)
 PROCESS_INFO = ("loadertop_process_info", "1 for each watched process: its pid, by worker_id and role")
 LAST_SAMPLE = ("loadertop_last_sample_timestamp_seconds",
                "when the exporter last sampled (epoch seconds): older than a few intervals means sampling stopped")

@@ -10,9 +10,22 @@ from dataclasses import dataclass, field, replace
 
 from .autotune.policy import Decision, Knobs
 from .text import printable, printable_or_none
+from .vocabulary import (
+    Change,
+    EventKind,
+    Evidence,
+    FoundBy,
+    Loop,
+    PlanPart,
+    ProcessStatus,
+    Severity,
+    TrainerStatus,
+    TunePhase,
+    WaitSource,
+)
 
 
-def _clean(obj, *names: str) -> None:
+def _clean(obj: object, *names: str) -> None:
     """Make a frozen snapshot's process-derived text fields printable (text.py), in place."""
     for name in names:
         value = getattr(obj, name)
@@ -68,7 +81,7 @@ class ProcessSample:
 
     pid: int
     started_at: float  # epoch seconds; with pid, the identity of the process
-    status: str  # running, sleeping, disk-sleep, stopped, zombie, exited
+    status: ProcessStatus
     cpu_percent: float | None  # of one core; None on the first sight of a process
     rss_bytes: int | None
     uss_bytes: int | None  # from smaps, on a slower staggered cadence
@@ -84,7 +97,7 @@ class ProcessSample:
     doing_at: float | None = None  # when that stack was read (epoch seconds)
     thread_pools: tuple[str, ...] = ()  # compute pools its libraries run (OpenMP, MKL, OpenBLAS, OpenCV)
     read_bytes_per_s: float | None = None  # everything it reads (files, sockets, pipes), slow cadence
-    found_by: str | None = None  # a worker: how it was recognised (name, hook, stack; probes.discovery)
+    found_by: FoundBy | None = None  # a worker: how it was recognised (probes.discovery)
 
     def __post_init__(self) -> None:
         # A recording's samples come through here; live ones are built past __init__
@@ -121,9 +134,6 @@ class GpuSnapshot:
     process_pids: tuple[int, ...] = ()  # host pids that hold a context on this GPU
 
 
-# Frameworks whose loops loadertop recognises: the advice names their own settings.
-LOOP_NAMES = ("huggingface", "lightning", "accelerate", "torchdata")
-
 
 @dataclass(frozen=True)
 class DataWait:
@@ -136,14 +146,14 @@ class DataWait:
     samples: int
     window_s: float
     stalled_for_s: float  # continuously inside data wait up to the end of the window
-    source: str = "py-spy"
+    source: WaitSource = "py-spy"
     steps_per_s: float | None = None  # batches the loop took per second (the hook counts them)
     iterable: bool | None = None  # the loop reads an IterableDataset
     # Of the wait, waiting for another rank to send this rank's batch (Accelerate's dispatcher).
     dispatched_fraction: float | None = None
-    # The framework whose loop fetches the batches (huggingface | lightning | accelerate |
-    # torchdata), where frames or the hook show it: the settings are written in its terms.
-    loop: str | None = None
+    # The framework whose loop fetches the batches, where frames or the hook show it: the
+    # settings are written in its terms.
+    loop: Loop | None = None
 
     def __post_init__(self) -> None:
         _clean(self, "loop")
@@ -155,7 +165,7 @@ class DataWait:
 class TuneState:
     """A loader's in-place tuner (`watch(loader, tune=True)`), as its hook published it."""
 
-    state: str  # warm-up | measuring | trying | settled | off
+    state: TunePhase
     setting: Knobs | None  # what the loader runs on now (a trial while trying)
     started_with: Knobs | None
     epoch: int
@@ -202,7 +212,7 @@ class LoaderConfig:
     batch_size: int | None = None
     batch_bytes: int | None = None  # one batch's tensors (the hook measures the first)
     iterable: bool | None = None
-    source: str = "py-spy"  # py-spy | hook
+    source: WaitSource = "py-spy"
     tune: TuneState | None = None  # the loader's in-place tuner, where the hook runs one
 
     def __post_init__(self) -> None:
@@ -219,7 +229,7 @@ class TrainerSnapshot:
     world_size: int | None
     cmdline: tuple[str, ...]  # secrets redacted
     env: tuple[tuple[str, str], ...]  # whitelisted thread/device variables only
-    status: str  # running | exited
+    status: TrainerStatus
     usable_cpus: int | None
     main: ProcessSample
     pin_memory_thread: bool | None  # None: the trainer's threads could not be listed
@@ -256,7 +266,7 @@ class Event:
     """A change between two ticks: a worker started or exited, a trainer appeared or exited."""
 
     time: float
-    kind: str  # worker_started | worker_exited | trainer_found | trainer_exited
+    kind: EventKind
     trainer_pid: int
     pid: int
     detail: str = ""
@@ -286,15 +296,15 @@ class Finding:
     `evidence` and `change` are plain dicts for the report; treat them as read-only."""
 
     id: str
-    severity: str  # info | warning | critical
+    severity: Severity
     trainer_pid: int | None
     title: str
-    evidence: dict = field(hash=False)
+    evidence: Evidence = field(hash=False)
     suggestion: str = ""
-    change: dict | None = field(default=None, hash=False)  # {"DataLoader": {"num_workers": 4}}
+    change: Change | None = field(default=None, hash=False)  # {"DataLoader": {"num_workers": 4}}
     # Which slices of the trainer's plan it proposes, and the rule's own advice: the
     # diagnoser writes change and suggestion from the trainer's latest plan with them.
-    parts: tuple[str, ...] = field(default=(), compare=False)
+    parts: tuple[PlanPart, ...] = field(default=(), compare=False)
     note: str = field(default="", compare=False)
 
     @property

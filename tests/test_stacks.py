@@ -14,7 +14,7 @@ from jobs import loadertop
 from test_isolation import SYSTEM_PYTHON, _nobody_can_run_system_python, world_readable_loadertop  # noqa: F401
 from test_snapshot_cli import SCHEMA, only_trainer
 
-from loadertop.model import LOOP_NAMES
+from loadertop.vocabulary import LOOP_NAMES
 from loadertop.probes import pyspy, stacks
 from loadertop.probes.pyspy import MAIN, WAIT, classify_main, parse_dump, parse_raw
 from loadertop.probes.stacks import error_notice

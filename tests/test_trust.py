@@ -126,6 +126,20 @@ def test_a_short_list_and_a_wrong_type_deep_inside_are_refused():
     assert decode(_good()) == snapshot(0, [trainer()])
 
 
+def test_a_word_outside_the_vocabulary_is_refused():
+    """A closed set of words (vocabulary.py) is checked when a recording is read: a status or
+    a way of finding a worker that loadertop never writes is damage, not data."""
+    for where, value in ((("trainers", 0, "workers", 0, "status"), "hacked"),
+                         (("trainers", 0, "workers", 0, "found_by"), "rumour"), (("trainers", 0, "status"), "gone")):
+        bad = _good()
+        node = bad
+        for key in where[:-1]:
+            node = node[key]
+        node[where[-1]] = value
+        with pytest.raises(Damaged, match="none of"):
+            decode(bad)
+
+
 def test_the_html_report_escapes_everything_a_recording_holds(tmp_path):
     from dataclasses import replace
 

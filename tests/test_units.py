@@ -209,3 +209,29 @@ def test_a_proc_file_longer_than_a_page_is_read_whole():
     libraries = set(re.findall(r"/\S+\.so\S*", whole))
     read = procfs.read_maps(os.getpid())
     assert libraries and all(lib in read for lib in libraries)
+
+
+@pytest.mark.unit
+def test_the_report_schema_lists_the_vocabulary_word_for_word():
+    """Each closed set of words is defined once (vocabulary.py); the schema's enums are the same."""
+    import json
+    import typing
+    from importlib.resources import files
+
+    from loadertop import vocabulary as V
+    from loadertop.rules import RULES
+
+    schema = json.loads(files("loadertop").joinpath("schema/report-1.json").read_text())
+    trainer = schema["properties"]["trainers"]["items"]["properties"]
+    worker = trainer["workers"]["items"]["properties"]
+    tune = trainer["loaders"]["items"]["properties"]["tune"]["properties"]
+    finding = schema["properties"]["findings"]["items"]["properties"]
+    pairs = [
+        (trainer["status"], V.TrainerStatus), (trainer["main"]["properties"]["status"], V.ProcessStatus),
+        (worker["status"], V.ProcessStatus), (worker["found_by"], V.FoundBy), (tune["state"], V.TunePhase),
+        (tune["decisions"]["items"]["properties"]["action"], V.TuneAction),
+        (trainer["plan"]["properties"]["cause"], V.Cause), (finding["severity"], V.Severity),
+    ]
+    for node, words in pairs:
+        assert node["enum"] == list(typing.get_args(words)), words
+    assert set(finding["id"]["enum"]) == set(RULES)

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from statistics import fmean, stdev
 from typing import Any
 
+from ..vocabulary import TuneAction
+
 # A change is kept when its measured gain clears this many standard errors of the
 # difference (two stretches' chunk spreads combined) ...
 NOISE_Z = 2.0
@@ -143,7 +145,7 @@ class Proposal:
 class Decision:
     """One step of the tuner: what it tried, kept, went back from, or settled on."""
 
-    action: str  # try | keep | revert | settle | off
+    action: TuneAction
     old: Knobs | None
     new: Knobs | None
     gain: float | None = None  # measured steps/s of new against old (keep, revert)

@@ -27,6 +27,7 @@ from contextlib import ExitStack, contextmanager
 
 from ..probes import procfs
 from ..probes.discovery import WORKER_COMM
+from ..vocabulary import TunePhase
 from . import loader as L
 from . import readings as M
 from .policy import MIN_GAIN as POLICY_MIN_GAIN
@@ -69,7 +70,7 @@ class Tuner:
         self.config = config  # the loader's settings as the hook published them (a callable)
         self.shards_by_worker = shards_by_worker
         self.explorer: Explorer | None = None
-        self.state = "warm-up"  # warm-up | measuring | trying | settled | off
+        self.state: TunePhase = "warm-up"
         self.reason = ""
         self.decisions: list[Decision] = []
         self.started_with: Knobs | None = None

@@ -63,7 +63,12 @@ def _decode(tp, value):
             except Damaged:
                 continue
         raise Damaged(f"{value!r:.40} is none of {tp}")
-    if dataclasses.is_dataclass(tp):
+    if origin is typing.Literal:
+        # One of a closed set of words (vocabulary.py): any other is not what loadertop writes.
+        if value not in typing.get_args(tp):
+            raise Damaged(f"{value!r:.40} is none of {', '.join(map(str, typing.get_args(tp)))}")
+        return value
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise Damaged(f"{tp.__name__} is not an object")
         hints = _hints(tp)

@@ -8,6 +8,7 @@ Readers return None when there is no limit or nothing can be read: callers decid
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from . import procfs
@@ -47,7 +48,7 @@ def paths(pid: int | str) -> dict[str, str]:
     return out
 
 
-def _walk_up(root: str, rel: str):
+def _walk_up(root: str, rel: str) -> Iterator[str]:
     """The group's folder, then each ancestor's, up to the hierarchy's root."""
     rel = rel.strip("/")
     while True:

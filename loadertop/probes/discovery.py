@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from .. import notices as N
 from ..model import Notice
+from ..vocabulary import FoundBy
 from . import procfs
 
 WORKER_COMM = "pt_data_worker"
@@ -53,16 +54,16 @@ class Tree:
     workers: dict[int, list[int]] = field(default_factory=dict)  # owner pid -> worker pids
     others: list[int] = field(default_factory=list)  # every process of the tree that is not a worker
     pin_threads: dict[int, list[procfs.Stat]] = field(default_factory=dict)  # trainer -> pin threads
-    found_by: dict[int, str] = field(default_factory=dict)  # worker pid -> FOUND_BY_*
+    found_by: dict[int, FoundBy] = field(default_factory=dict)  # worker pid -> FOUND_BY_*
     # Python children of a Python process that nothing names a worker yet: a dump of their
     # stack tells (torchdata's StatefulDataLoader workers keep the trainer's name).
     candidates: list[int] = field(default_factory=list)
 
 
 # How a worker was recognised, as the report says it.
-FOUND_BY_NAME = "name"  # its thread name, pt_data_worker (torch's own worker loop sets it)
-FOUND_BY_HOOK = "hook"  # loadertop.watch() in the script published its pid
-FOUND_BY_STACK = "stack"  # py-spy showed a DataLoader worker loop in it (torchdata's, say)
+FOUND_BY_NAME: FoundBy = "name"  # its thread name, pt_data_worker (torch's own worker loop sets it)
+FOUND_BY_HOOK: FoundBy = "hook"  # loadertop.watch() in the script published its pid
+FOUND_BY_STACK: FoundBy = "stack"  # py-spy showed a DataLoader worker loop in it (torchdata's, say)
 
 
 class Discovery:
@@ -203,7 +204,7 @@ class Discovery:
             tree.pin_threads[pid] = [t for t in pins if t is not None and t.comm == PIN_THREAD_COMM]
         return tree
 
-    def _worker_by(self, st: procfs.Stat, owner: int) -> str | None:
+    def _worker_by(self, st: procfs.Stat, owner: int) -> FoundBy | None:
         """How st, a child of owner's (through a fork server), is known to be a DataLoader
         worker, or None."""
         if st.comm == WORKER_COMM:
@@ -226,7 +227,8 @@ class Discovery:
         return (st.state != "Z" and self.is_python(st) and self.is_python(parent) and not self.is_launcher(parent)
                 and not self.is_helper(st))
 
-    def _scan_threads(self, st: procfs.Stat, now: float, parents, with_names: bool = False) -> _Threads:
+    def _scan_threads(self, st: procfs.Stat, now: float, parents: dict[int, int] | None,
+                      with_names: bool = False) -> _Threads:
         """Which threads fork children (and, for a trainer, which is the pin-memory thread).
 
         Between scans only those threads' children files are read: a trainer may run 60+

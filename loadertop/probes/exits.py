@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import selectors
 import threading
 from collections.abc import Iterable
 
@@ -84,7 +85,7 @@ class ExitWatch:
         os.close(self._wake_r)
         os.close(self._wake_w)
 
-    def _drop(self, selector, registered: set[Key], key: Key) -> None:
+    def _drop(self, selector: selectors.BaseSelector, registered: set[Key], key: Key) -> None:
         if key in registered:
             selector.unregister(self._fds[key])
             registered.discard(key)
@@ -111,8 +112,6 @@ class ExitWatch:
             self._stop.wait(max(self.min_interval_s, self.per_process_s * len(keys)))
 
     def _run_pidfds(self) -> None:
-        import selectors
-
         selector = selectors.DefaultSelector()
         selector.register(self._wake_r, selectors.EVENT_READ, None)
         registered: set[Key] = set()

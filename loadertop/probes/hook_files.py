@@ -16,12 +16,14 @@ import stat
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from .. import notices as N
 from ..autotune.policy import Decision, Knobs
 from ..hookfile import CONFIG_AT, HEADER, MAGIC, PREFIX, SIZE, SUFFIX, prefix_of
-from ..model import LOOP_NAMES, DataWait, LoaderConfig, Notice, TuneState
+from ..model import DataWait, LoaderConfig, Notice, TuneState
 from ..outputs.record import LARGEST
+from ..vocabulary import LOOP_NAMES, TUNE_ACTIONS, TUNE_PHASES, Loop
 from . import procfs
 
 # Listing /dev/shm is not for every tick: with torch's file_system sharing strategy it holds
@@ -42,7 +44,7 @@ class HookError(ValueError):
     """A file under a hook's name that is not a valid hook of the trainer."""
 
 
-def _int(value, name: str, low: int = 0, high: int = 2**31) -> int | None:
+def _int(value: object, name: str, low: int = 0, high: int = 2**31) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
@@ -50,31 +52,27 @@ def _int(value, name: str, low: int = 0, high: int = 2**31) -> int | None:
     return value
 
 
-def _bool(value, name: str) -> bool | None:
+def _bool(value: object, name: str) -> bool | None:
     if value is not None and not isinstance(value, bool):
         raise HookError(f"{name} is not true/false")
     return value
 
 
-def _str(value, name: str, longest: int = 200) -> str | None:
+def _str(value: object, name: str, longest: int = 200) -> str | None:
     if value is not None and (not isinstance(value, str) or len(value) > longest):
         raise HookError(f"{name} is not a short text")
     return value
 
 
-def _loop(value) -> str | None:
-    loop = _str(value, "loop", 32)
-    if loop is not None and loop not in LOOP_NAMES:
-        raise HookError(f"loop is {loop!r}, not one of {', '.join(LOOP_NAMES)}")
-    return loop
+def _loop(value: object) -> Loop | None:
+    return None if value is None else _choice(value, "loop", LOOP_NAMES)
 
 
-TUNE_STATES = ("warm-up", "measuring", "trying", "settled", "off")
-TUNE_ACTIONS = ("try", "keep", "revert", "settle", "off")
 MAX_DECISIONS = 64
+Word = TypeVar("Word", bound=str)
 
 
-def _number(value, name: str, low: float = 0.0, high: float = 1e15) -> float | None:
+def _number(value: object, name: str, low: float = 0.0, high: float = 1e15) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (low <= value <= high):
@@ -82,7 +80,7 @@ def _number(value, name: str, low: float = 0.0, high: float = 1e15) -> float | N
     return float(value)
 
 
-def _knobs(value, name: str) -> Knobs | None:
+def _knobs(value: object, name: str) -> Knobs | None:
     if value is None:
         return None
     if not isinstance(value, dict):
@@ -93,13 +91,14 @@ def _knobs(value, name: str) -> Knobs | None:
     return Knobs(workers, _int(value.get("prefetch_factor"), f"{name}.prefetch_factor", high=1 << 16))
 
 
-def _choice(value, name: str, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise HookError(f"{name} is {str(value)[:20]!r}, not one of {', '.join(allowed)}")
-    return value
+def _choice(value: object, name: str, allowed: tuple[Word, ...]) -> Word:
+    for word in allowed:
+        if value == word:
+            return word
+    raise HookError(f"{name} is {str(value)[:20]!r}, not one of {', '.join(allowed)}")
 
 
-def parse_tune(raw) -> TuneState | None:
+def parse_tune(raw: object) -> TuneState | None:
     """The tuner's state as `watch(..., tune=True)` publishes it, every field checked."""
     if raw is None:
         return None
@@ -118,7 +117,7 @@ def parse_tune(raw) -> TuneState | None:
             _number(d.get("noise"), "noise", 0.0, 1e6), _str(d.get("reason"), "reason", 500) or "",
             epoch=_int(d.get("epoch"), "epoch") or 0, batch=_int(d.get("batch"), "batch", high=2**62) or 0,
             at=_number(d.get("at"), "at") or 0.0))
-    return TuneState(state=_choice(raw.get("state"), "tune.state", TUNE_STATES),
+    return TuneState(state=_choice(raw.get("state"), "tune.state", TUNE_PHASES),
                      setting=_knobs(raw.get("setting"), "tune.setting"),
                      started_with=_knobs(raw.get("started_with"), "tune.started_with"),
                      epoch=_int(raw.get("epoch"), "tune.epoch") or 0,

@@ -7,6 +7,7 @@ import math
 import os
 import socket
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from ..model import HostLoader, HostSnapshot
@@ -187,7 +188,7 @@ class _PerCpu:
         self._own = (now, own)
         self._at = now
 
-    def busy_cpus(self, cpus) -> float | None:
+    def busy_cpus(self, cpus: Collection[int]) -> float | None:
         """Busy CPUs (a sum of shares) among `cpus`, not counting loadertop's own share of
         them (spread evenly over the machine), None before two readings."""
         if not self.busy:

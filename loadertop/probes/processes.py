@@ -8,10 +8,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..model import ProcessSample
+from ..vocabulary import ProcessStatus
 from . import procfs
 from .discovery import Key, key_of
 
-STATES = {
+STATES: dict[str, ProcessStatus] = {
     "R": "running",
     "S": "sleeping",
     "D": "disk-sleep",
@@ -20,6 +21,10 @@ STATES = {
     "Z": "zombie",
     "X": "exited",
     "I": "idle",
+    # Letters no user process shows on kernels since 3.x, by their nearest meaning.
+    "P": "idle",  # parked (kernel threads)
+    "W": "running",  # waking
+    "K": "sleeping",  # wakekill
 }
 
 @dataclass
@@ -110,7 +115,7 @@ class ProcessSampler:
         return _frozen_sample({
             "pid": st.pid,
             "started_at": st.started_at,
-            "status": STATES.get(st.state, st.state),
+            "status": STATES.get(st.state, "sleeping"),
             "cpu_percent": cpu,
             "rss_bytes": st.rss_bytes if alive else None,
             "uss_bytes": memory.uss_bytes if memory else None,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from ..model import WAITING_FOR_INDICES, DataWait
 from ..numbers import int_or_none
 from ..text import printable, printable_or_none
+from ..vocabulary import Loop
 
 # --- classification of the trainer's main thread (pure) ---------------------------
 
@@ -24,7 +25,7 @@ DISPATCHED = "dispatched"
 # The framework whose loop the samples run in, by a file its frames show; the first that
 # matches (the Hugging Face Trainer fetches through Accelerate's loaders, Lightning can wrap
 # a StatefulDataLoader: the outer loop is the one whose settings the user writes).
-LOOPS = (
+LOOPS: tuple[tuple[Loop, tuple[str, ...]], ...] = (
     ("huggingface", ("transformers/trainer.py",)),
     ("lightning", ("lightning/pytorch/loops/", "pytorch_lightning/loops/")),
     ("accelerate", ("accelerate/data_loader.py",)),
@@ -134,7 +135,7 @@ def data_wait_from_counts(counts: dict[str, int], window_s: float, stalled_for_s
     wait, main = counts.get(WAIT, 0), counts.get(MAIN, 0)
     # The loop most samples ran in: a framework's loop shows in every sample (or every fetch)
     # of it; a helper the script borrows from one shows now and then.
-    loops = {name: counts.get(_LOOP_KEY + name, 0) for name, _ in LOOPS}
+    loops: dict[Loop, int] = {name: counts.get(_LOOP_KEY + name, 0) for name, _ in LOOPS}
     return DataWait(
         fraction=(wait + main) / total,
         worker_wait_fraction=wait / total,
@@ -145,7 +146,7 @@ def data_wait_from_counts(counts: dict[str, int], window_s: float, stalled_for_s
         stalled_for_s=stalled_for_s,
         iterable=True if counts.get(ITERABLE) else None,
         dispatched_fraction=counts[DISPATCHED] / total if counts.get(DISPATCHED) else None,
-        loop=max(loops, key=loops.__getitem__) if any(loops.values()) else None,
+        loop=max(loops.items(), key=lambda item: item[1])[0] if any(loops.values()) else None,
     )
 
 

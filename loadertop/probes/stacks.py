@@ -20,6 +20,7 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from .. import notices as N
 from ..model import DataWait, Notice
@@ -150,7 +151,7 @@ class StackSampler:
     """Runs py-spy windows on each watched trainer and dumps workers, on its own thread."""
 
     @classmethod
-    def of(cls, profile: Profile, **kw) -> StackSampler:
+    def of(cls, profile: Profile, **kw: Any) -> StackSampler:
         return cls(window_s=profile.window_s, gap_s=profile.gap_s, rolling_s=profile.rolling_s,
                    dump_interval_s=profile.dump_interval_s, dump_burst=profile.dump_burst,
                    refresh_doing=profile.refresh_doing, rate_hz=profile.rate_hz, **kw)

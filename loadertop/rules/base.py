@@ -4,18 +4,19 @@ are pure: Context only reads snapshots."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 
-from ..model import Finding, Snapshot, TrainerSnapshot
+from ..model import DataWait, Finding, Snapshot, TrainerSnapshot
 from ..numbers import mean_of
+from ..vocabulary import Change, PlanPart, Severity
 from . import thresholds as T
 from .measure import Measured, hang_signature, measure
 from .plan import Plan, make_plan
 
 WARNING, CRITICAL = 1, 2
-SEVERITY = {0: "info", WARNING: "warning", CRITICAL: "critical"}
+SEVERITY: dict[int, Severity] = {0: "info", WARNING: "warning", CRITICAL: "critical"}
 
 
 @dataclass(frozen=True)
@@ -138,12 +139,12 @@ class Context:
     def usable_cpus(self) -> int:
         return self.trainer.usable_cpus or self.snap.host.usable_cpus or self.snap.host.cpu_count
 
-    def data_wait(self):
+    def data_wait(self) -> DataWait | None:
         dw = self.trainer.data_wait
         return dw if dw is not None and dw.fraction is not None else None
 
-    def found(self, rule_id: str, level: int, title: str, evidence: dict, note: str = "",
-              parts: tuple[str, ...] = (), change: dict | None = None, span_s: float = 0.0,
+    def found(self, rule_id: str, level: int, title: str, evidence: Mapping[str, object], note: str = "",
+              parts: tuple[PlanPart, ...] = (), change: Change | None = None, span_s: float = 0.0,
               immediate: bool = False) -> Check:
         """A finding of this trainer at `level`. `parts` name the slices of the plan it
         proposes (its change and the sentence that says it come from the plan, so findings
@@ -174,12 +175,12 @@ def with_plan(f: Finding, plan: Plan) -> Finding:
     return replace(f, change=change, suggestion=suggestion)
 
 
-def enough_evidence(dw) -> bool:
+def enough_evidence(dw: DataWait) -> bool:
     """A hook's figure is exact; a sampled one needs enough py-spy samples."""
     return dw.source == "hook" or dw.samples >= T.MIN_STACK_SAMPLES
 
 
-def wait_above(dw, value: float, threshold: float) -> bool:
+def wait_above(dw: DataWait, value: float, threshold: float) -> bool:
     """value (a share of dw's window) is above threshold: exactly for a hook's figure,
     beyond sampling error for py-spy's."""
     return value >= threshold if dw.source == "hook" else surely_above(value, dw.samples, threshold)

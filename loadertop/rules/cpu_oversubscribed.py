@@ -3,6 +3,7 @@ out, other processes take them, or its own workers ask for more than it has."""
 
 from __future__ import annotations
 
+from . import evidence as E
 from . import plan as P
 from . import thresholds as T
 from .base import CRITICAL, FINE, UNKNOWN, WARNING, Check, Context
@@ -29,7 +30,8 @@ def check(ctx: Context) -> Check:
     if runqueue < T.RUNQUEUE_WAIT_WARNING and throttled < T.THROTTLED_SHARE:
         return FINE
     level = CRITICAL if runqueue >= budget.cpus or throttled >= 0.5 else WARNING
-    evidence = {"runqueue_wait_s_per_s": runqueue, "cpus": round(budget.cpus, 2), "cpu_set": budget.cpu_set,
+    evidence: E.CpuOversubscribed = {
+                "runqueue_wait_s_per_s": runqueue, "cpus": round(budget.cpus, 2), "cpu_set": budget.cpu_set,
                 "cpu_quota": budget.quota, "throttled_fraction": budget.throttled,
                 "other_processes_cpus": round(budget.others_busy, 2), "trainer_cpus_used": budget.used,
                 "load_avg_1m": ctx.snap.host.load_avg[0], "num_workers": m.num_workers, "cause": plan.cause,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import evidence as E
 from . import plan as P
 from . import thresholds as T
 from .base import CRITICAL, FINE, UNKNOWN, WARNING, Check, Context, enough_evidence, pct, wait_above
@@ -28,7 +29,7 @@ def check(ctx: Context) -> Check:
         if level == 0:
             return FINE
     lw = m.loader
-    evidence = {
+    evidence: E.InputBound = {
         "data_wait_fraction": m.wait,
         "worker_wait_fraction": wait,
         "samples": dw.samples,
@@ -77,7 +78,7 @@ def _dispatched(ctx: Context) -> Check:
     wait = m.wait or 0.0
     level = CRITICAL if wait >= T.DATA_WAIT_CRITICAL else WARNING
     ranks = f"all {ctx.trainer.world_size} ranks" if ctx.trainer.world_size else "every rank"
-    evidence = {"data_wait_fraction": m.wait, "dispatched_fraction": m.wait_dispatched,
+    evidence: E.Dispatched = {"data_wait_fraction": m.wait, "dispatched_fraction": m.wait_dispatched,
                 "samples": dw.samples if dw else None, "rank": ctx.trainer.rank, "cause": P.DISPATCHED}
     note = (f"Accelerate dispatches batches: rank 0 loads for {ranks} and broadcasts them, so this rank's own "
             "DataLoader settings change nothing. Give rank 0's DataLoader more workers (its own report sizes "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import evidence as E
 from .base import CRITICAL, FINE, UNKNOWN, Check, Context
 
 ID = "loader_stalled"
@@ -23,8 +24,8 @@ def check(ctx: Context) -> Check:
     return ctx.found(
         ID, CRITICAL,
         f"training has waited {dw.stalled_for_s:.0f} s for a batch while every worker is {SEEN[how]}",
-        {"stalled_for_s": dw.stalled_for_s, "workers": doing, "how": how,
-         "max_worker_cpu_percent": max(cpus) if cpus else None},
+        E.LoaderStalled(stalled_for_s=dw.stalled_for_s, workers=doing, how=how,
+                        max_worker_cpu_percent=max(cpus) if cpus else None),
         "a hang, not a slow loader: more workers will not help. Look at the workers' stacks (py-spy dump "
         "--pid PID). Usual causes: a stopped worker (SIGSTOP, a debugger), a fork-unsafe library used in the "
         "dataset (open file handles, threads, CUDA before fork: use multiprocessing_context='spawn'), a "

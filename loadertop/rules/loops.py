@@ -9,6 +9,10 @@ Hugging Face Trainer, a `DataLoader` section everywhere else.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from ..vocabulary import Change, SettingValue
+
 # The DataLoader arguments the Hugging Face Trainer takes from TrainingArguments (transformers
 # >= 4.36 has all four); any other (a worker_init_fn) needs a DataLoader of the script's own.
 _TRAINING_ARGUMENTS = {"num_workers": "dataloader_num_workers", "prefetch_factor": "dataloader_prefetch_factor",
@@ -16,11 +20,11 @@ _TRAINING_ARGUMENTS = {"num_workers": "dataloader_num_workers", "prefetch_factor
 _WHERE = {"lightning": " in train_dataloader()", "accelerate": " given to accelerator.prepare()"}
 
 
-def _by_arguments(loop: str | None, names) -> bool:
+def _by_arguments(loop: str | None, names: Iterable[str]) -> bool:
     return loop == "huggingface" and all(n in _TRAINING_ARGUMENTS for n in names)
 
 
-def loader_change(loop: str | None, settings: dict) -> dict:
+def loader_change(loop: str | None, settings: dict[str, SettingValue]) -> Change:
     """A change's DataLoader settings ({"num_workers": 4}) as a section of the change."""
     if settings and _by_arguments(loop, settings):
         return {"TrainingArguments": {_TRAINING_ARGUMENTS[k]: v for k, v in settings.items()}}

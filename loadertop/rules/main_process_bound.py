@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import evidence as E
 from . import plan as P
 from . import thresholds as T
 from .base import CRITICAL, FINE, UNKNOWN, WARNING, Check, Context, enough_evidence, pct, wait_above
@@ -23,7 +24,8 @@ def check(ctx: Context) -> Check:
     if plan.cause not in (P.MAIN_LOADING, P.RECEIVING) or not wait_above(dw, main, T.DATA_WAIT_WARNING):
         return FINE
     level = CRITICAL if wait_above(dw, main, T.DATA_WAIT_CRITICAL) else WARNING
-    evidence = {"main_process_fraction": main, "data_wait_fraction": m.wait, "num_workers": m.num_workers,
+    evidence: E.MainProcessBound = {
+                "main_process_fraction": main, "data_wait_fraction": m.wait, "num_workers": m.num_workers,
                 "samples": dw.samples, "cpus": round(m.budget.cpus, 2),
                 "workers_waiting_for_indices": bool(m.loader and m.loader.ahead),
                 "predicted_gain": plan.gain}

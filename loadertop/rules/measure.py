@@ -16,6 +16,7 @@ from statistics import fmean, median
 from ..fields import context_switches
 from ..model import WAITING_FOR_INDICES, LoaderConfig, ProcessSample, Snapshot, TrainerSnapshot
 from ..numbers import mean_of
+from ..vocabulary import CpuLimitKind
 from . import thresholds as T
 
 
@@ -59,7 +60,7 @@ class CpuBudget:
     others_busy: float  # CPUs that processes other than DataLoader jobs keep busy on its CPUs
     used: float | None  # CPUs the trainer and all its workers use now
     throttled: float | None  # share of quota periods that ran out
-    limit: str  # what bounds `cpus`: cpus | quota | shared | busy_host
+    limit: CpuLimitKind  # what bounds `cpus`
 
 
 @dataclass(frozen=True)
@@ -216,7 +217,7 @@ def cpu_budget(snap: Snapshot, trainer: TrainerSnapshot, window: Sequence[Traine
                      others_busy=others_busy, used=used, throttled=throttled, limit=limit)
 
 
-def limit_of(shared: bool, others_busy: float, size: int, quota: float | None) -> str:
+def limit_of(shared: bool, others_busy: float, size: int, quota: float | None) -> CpuLimitKind:
     """What bounds a trainer's CPUs: sharing them with other DataLoader trainers, other
     processes keeping them busy, its quota, or simply how many it may run on."""
     room = size - others_busy

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import evidence as E
 from .base import FINE, UNKNOWN, WARNING, Check, Context
 from .loops import loader_call, loader_change
 
@@ -18,7 +19,7 @@ def check(ctx: Context) -> Check:
         return FINE
     return ctx.found(
         ID, WARNING, "batches go to the GPU from pageable memory (no pin-memory thread)",
-        {"gpus": list(t.gpus), "pin_memory_thread": False, "num_workers": len(t.workers)},
+        E.PinMemoryOff(gpus=list(t.gpus), pin_memory_thread=False, num_workers=len(t.workers)),
         f"{loader_call(ctx.measured.loop, ['pin_memory=True'])}, and .to(device, non_blocking=True) in the loop, "
         "so host-to-device copies overlap with compute",
         change=loader_change(ctx.measured.loop, {"pin_memory": True}),

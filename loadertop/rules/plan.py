@@ -13,30 +13,32 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..vocabulary import Cause, Change, PlanPart, SettingValue
+from . import evidence as E
 from . import thresholds as T
 from .loops import loader_call, loader_change
 from .measure import Measured
 from .throughput import Prediction, Setting, Terms, predict, terms
 
 # Root causes, most fundamental first: the verdict names the first that holds.
-STALLED = "stalled"  # a hang: workers stopped or idle while the loop waits
-DISPATCHED = "dispatched"  # the loop waits for another rank to send its batch (Accelerate)
-THREADS = "threads"  # the workers' thread pools oversubscribe the CPUs
-QUOTA = "quota"  # the trainer's CPU quota runs out
-BUSY_HOST = "busy_host"  # other processes take the trainer's CPUs
-TOO_MANY_WORKERS = "too_many_workers"  # its own workers ask for more CPUs than it has
-LOADER_CPU = "loader_cpu"  # input-bound: the workers compute
-LOADER_IO = "loader_io"  # input-bound: the workers wait on I/O
-LOADER = "loader"  # input-bound: the workers do both
-MAIN_LOADING = "main_loading"  # the main process loads (num_workers=0, collate, unpickling)
-RECEIVING = "receiving"  # the workers are ahead; the loop waits receiving their batches
-NONE = "none"
-UNKNOWN = "unknown"  # no data wait measured
+STALLED: Cause = "stalled"  # a hang: workers stopped or idle while the loop waits
+DISPATCHED: Cause = "dispatched"  # the loop waits for another rank to send its batch (Accelerate)
+THREADS: Cause = "threads"  # the workers' thread pools oversubscribe the CPUs
+QUOTA: Cause = "quota"  # the trainer's CPU quota runs out
+BUSY_HOST: Cause = "busy_host"  # other processes take the trainer's CPUs
+TOO_MANY_WORKERS: Cause = "too_many_workers"  # its own workers ask for more CPUs than it has
+LOADER_CPU: Cause = "loader_cpu"  # input-bound: the workers compute
+LOADER_IO: Cause = "loader_io"  # input-bound: the workers wait on I/O
+LOADER: Cause = "loader"  # input-bound: the workers do both
+MAIN_LOADING: Cause = "main_loading"  # the main process loads (num_workers=0, collate, unpickling)
+RECEIVING: Cause = "receiving"  # the workers are ahead; the loop waits receiving their batches
+NONE: Cause = "none"
+UNKNOWN: Cause = "unknown"  # no data wait measured
 
-CAUSE_ORDER = (STALLED, DISPATCHED, THREADS, QUOTA, BUSY_HOST, TOO_MANY_WORKERS, LOADER_CPU, LOADER_IO, LOADER,
-               MAIN_LOADING, RECEIVING, NONE, UNKNOWN)
-INPUT_BOUND = (LOADER_CPU, LOADER_IO, LOADER)
-OVERSUBSCRIBED = (THREADS, QUOTA, BUSY_HOST, TOO_MANY_WORKERS)
+CAUSE_ORDER: tuple[Cause, ...] = (STALLED, DISPATCHED, THREADS, QUOTA, BUSY_HOST, TOO_MANY_WORKERS, LOADER_CPU,
+                                  LOADER_IO, LOADER, MAIN_LOADING, RECEIVING, NONE, UNKNOWN)
+INPUT_BOUND: tuple[Cause, ...] = (LOADER_CPU, LOADER_IO, LOADER)
+OVERSUBSCRIBED: tuple[Cause, ...] = (THREADS, QUOTA, BUSY_HOST, TOO_MANY_WORKERS)
 
 # What bounds the CPUs (measure.CpuBudget.limit), in the user's words.
 CPU_LIMITS = {
@@ -49,7 +51,7 @@ CPU_LIMITS = {
 
 @dataclass(frozen=True)
 class Plan:
-    cause: str
+    cause: Cause
     loader: str | None  # the dataset class of the loader the change is for
     now: Setting
     chosen: Setting
@@ -57,7 +59,7 @@ class Plan:
     wait_now: float | None
     wait_after: float | None  # predicted data wait with the chosen setting
     limit: str | None  # what capped the chosen setting: a CPU limit, main_process, shm, memory, max_workers
-    thread_change: dict | None  # {"env": {...}} or {"DataLoader": {"worker_init_fn": ...}}
+    thread_change: Change | None  # {"env": {...}} or {"DataLoader": {"worker_init_fn": ...}}
     shm_size: str | None = None  # a --shm-size the trainer needs: its /dev/shm is nearly full
     shm_for_more: str | None = None  # a --shm-size that would let a faster setting fit
     bigger_budget: tuple[float, float] | None = None  # (CPUs, predicted gain) if the quota/host allowed more
@@ -72,12 +74,12 @@ class Plan:
         return (self.chosen.num_workers, self.chosen.prefetch_factor) != (self.now.num_workers,
                                                                           self.now.prefetch_factor)
 
-    def change(self, *parts: str) -> dict | None:
+    def change(self, *parts: PlanPart) -> Change | None:
         """The slice of this plan's change that a finding carries: "workers" (num_workers,
         prefetch_factor), "threads", "shm"."""
-        out: dict = {}
+        out: Change = {}
         if "workers" in parts and self.changes_workers:
-            loader = {}
+            loader: dict[str, SettingValue] = {}
             if self.chosen.num_workers != self.now.num_workers:
                 loader["num_workers"] = self.chosen.num_workers
                 if self.now.num_workers == 0:
@@ -88,8 +90,11 @@ class Plan:
             if self.loader:
                 out["dataset"] = self.loader
         if "threads" in parts and self.thread_change:
-            for section, values in self.thread_change.items():
-                out.setdefault(section, {}).update(values)
+            # The thread limit goes beside the worker settings: its env, or its DataLoader argument.
+            if "env" in self.thread_change:
+                out["env"] = {**out.get("env", {}), **self.thread_change["env"]}
+            if "DataLoader" in self.thread_change:
+                out["DataLoader"] = {**out.get("DataLoader", {}), **self.thread_change["DataLoader"]}
         if "shm" in parts and self.shm_size:
             out["docker"] = {"shm_size": self.shm_size}
         return out or None
@@ -180,7 +185,7 @@ class Plan:
         }
 
 
-def describe_threads(change: dict) -> str:
+def describe_threads(change: Change) -> str:
     env = change.get("env")
     if env:
         return " ".join(f"{k}={v}" for k, v in env.items())
@@ -191,7 +196,7 @@ def describe_threads(change: dict) -> str:
 # --- deciding --------------------------------------------------------------------------------
 
 
-def _cause(m: Measured, t: Terms | None, hung: bool) -> str:
+def _cause(m: Measured, t: Terms | None, hung: bool) -> Cause:
     lw = m.loader
     if hung or (lw is not None and lw.stopped):
         return STALLED
@@ -243,7 +248,7 @@ def _starved(m: Measured) -> bool:
     return lw.runqueue / threads >= T.STARVED_RUNQUEUE_SHARE
 
 
-def _env_limit(m: Measured) -> dict:
+def _env_limit(m: Measured) -> Change:
     """How to give each worker one thread: the environment where nothing set it yet and the
     main process does not compute on several threads itself; else a worker_init_fn, which
     also reaches pools that ignore OMP_NUM_THREADS (OpenCV, code that sets its own)."""
@@ -343,7 +348,7 @@ def make_plan(m: Measured, hung: bool = False) -> Plan:
     budget = m.budget
     cpus_text = CPU_LIMITS.get(budget.limit, "its CPUs").format(cpus=round(budget.cpus, 1), cpu_set=budget.cpu_set,
                                                                 shared=budget.shared_with)
-    evidence = {"cause": cause, "cpus": round(budget.cpus, 2), "cpu_limit": budget.limit,
+    evidence: E.Plan = {"cause": cause, "cpus": round(budget.cpus, 2), "cpu_limit": budget.limit,
                 "cpu_set": budget.cpu_set, "cpu_quota": budget.quota,
                 "other_processes_cpus": round(budget.others_busy, 2),
                 "trainer_cpus_used": None if budget.used is None else round(budget.used, 2),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import evidence as E
 from . import thresholds as T
 from .base import CRITICAL, FINE, UNKNOWN, WARNING, Check, Context
 
@@ -18,7 +19,8 @@ def check(ctx: Context) -> Check:
         return FINE
     level = CRITICAL if ratio >= T.SHM_CRITICAL else WARNING
     plan = ctx.plan
-    evidence = {"shm_total_bytes": shm.total_bytes, "shm_peak_used_bytes": peak, "shm_used_fraction": ratio,
+    evidence: E.ShmPressure = {
+                "shm_total_bytes": shm.total_bytes, "shm_peak_used_bytes": peak, "shm_used_fraction": ratio,
                 "torch_shm_bytes": shm.torch_bytes, "num_workers": ctx.num_workers, "path": shm.path,
                 "predicted_gain": plan.gain}
     return ctx.found(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import evidence as E
 from . import plan as P
 from . import thresholds as T
 from .base import FINE, UNKNOWN, WARNING, Check, Context
@@ -20,9 +21,9 @@ def check(ctx: Context) -> Check:
     return ctx.found(ID, WARNING,
                      f"{budget.shared_with + 1} DataLoader jobs share {budget.cpu_set} CPUs; this one's share is "
                      f"{budget.cpus:.1f}",
-                     {"workers_on_host": host.dataloader_workers, "trainers_sharing_cpus": budget.shared_with + 1,
-                      "cpus": round(budget.cpus, 2), "cpu_set": budget.cpu_set,
-                      "host_cpu_percent": host.cpu_percent, "num_workers": m.num_workers,
-                      "predicted_gain": plan.gain},
+                     E.TooManyWorkers(workers_on_host=host.dataloader_workers,
+                                      trainers_sharing_cpus=budget.shared_with + 1, cpus=round(budget.cpus, 2),
+                                      cpu_set=budget.cpu_set, host_cpu_percent=host.cpu_percent,
+                                      num_workers=m.num_workers, predicted_gain=plan.gain),
                      "split the CPUs between the jobs: each worker beyond a job's share only waits for a CPU",
                      parts=("workers",))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 
+from . import evidence as E
 from .base import CRITICAL, FINE, Check, Context
 
 ID = "worker_died"
@@ -24,8 +25,8 @@ def check(ctx: Context) -> Check:
     )
     return ctx.found(
         ID, CRITICAL, f"worker {e.pid} died ({how})",
-        {"worker_pid": e.pid, "exit_code": e.exit_code, "signal": killed or None, "when": e.time,
-         "deaths": len(deaths)},
+        E.WorkerDied(worker_pid=e.pid, exit_code=e.exit_code, signal=killed or None, when=e.time,
+                     deaths=len(deaths)),
         f"check {check_what}; the DataLoader raises in the trainer when a worker dies",
         immediate=True,
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from statistics import fmean
 
+from . import evidence as E
 from . import thresholds as T
 from .base import CRITICAL, FINE, UNKNOWN, WARNING, Check, Context
 
@@ -72,9 +73,9 @@ def check(ctx: Context) -> Check:
         ID, level,
         f"each worker's private memory grows {per_min / 2**20:.1f} MiB/min while RSS stays flat"
         + (f"; memory runs out in ~{hours:.1f} h" if hours is not None else ""),
-        {"uss_growth_bytes_per_min_per_worker": per_min, "fit_r2": fit, "workers": n,
-         "rss_growth_bytes_per_min": rss_slope * 60, "window_s": span, "hours_to_oom": hours,
-         "mem_available_bytes": available},
+        E.WorkerMemoryGrowth(uss_growth_bytes_per_min_per_worker=per_min, fit_r2=fit, workers=n,
+                             rss_growth_bytes_per_min=rss_slope * 60, window_s=span, hours_to_oom=hours,
+                             mem_available_bytes=available),
         "copy-on-read: reading Python objects (lists, dicts of paths or labels) in workers "
         "touches their refcounts and copies the pages. Keep dataset metadata in numpy arrays, "
         "pyarrow tables or one bytes blob instead of lists and dicts of Python objects",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import evidence as E
 from . import thresholds as T
 from .base import FINE, UNKNOWN, WARNING, Check, Context
 from .loops import loader_call, loader_change
@@ -25,7 +26,7 @@ def check(ctx: Context) -> Check:
     seconds = ctx.snap.monotonic - ctx.recent[0].monotonic if ctx.recent else 0.0
     n = ctx.num_workers or len(ctx.trainer.workers)
     generations = respawns / max(1, n)
-    evidence = {"respawns": respawns, "window_s": seconds, "generations": generations,
+    evidence: E.WorkerRespawn = {"respawns": respawns, "window_s": seconds, "generations": generations,
                 "num_workers": n, "restart_gap_s": max(gaps) if gaps else None}
     every = seconds / generations if generations else None
     return ctx.found(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from statistics import fmean
 
+from . import evidence as E
 from . import plan as P
 from .base import CRITICAL, FINE, UNKNOWN, WARNING, Check, Context
 
@@ -25,7 +26,7 @@ def check(ctx: Context) -> Check:
     lw = m.loader
     pools = lw.thread_pools if lw else ()
     env = m.env
-    evidence = {
+    evidence: E.WorkerThreads = {
         "busy_threads_per_worker": mean_busy,
         "threads_per_worker": fmean(w.threads or 0 for w in workers),
         "workers": len(workers),

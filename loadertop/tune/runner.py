@@ -28,6 +28,7 @@ from ..sampler import Sampler
 from . import grid
 from .grid import Config, Summary, Trial
 from .result import Machine, TuneResult, TuneSpec
+from .trial import TrialConfig
 
 TRIAL_SCRIPT = os.path.join(os.path.dirname(__file__), "trial.py")
 TICK_S = 0.5
@@ -153,7 +154,7 @@ class Tuner:
 
     # --- one trial ----------------------------------------------------------------------
 
-    def _child_config(self, config: Config, warmup: float, window: float) -> dict:
+    def _child_config(self, config: Config, warmup: float, window: float) -> TrialConfig:
         return {
             "factory": self.spec.factory, "collate": self.spec.collate, "batch_size": self.spec.batch_size,
             "num_workers": config.num_workers, "prefetch_factor": config.prefetch_factor,

@@ -23,9 +23,25 @@ import re
 import sys
 import time
 import traceback
+from typing import TypedDict
+
+
+class TrialConfig(TypedDict):
+    """What `loadertop tune` hands this script (as JSON in argv[1]): one setting to time."""
+
+    factory: str  # "module:function" returning the dataset
+    collate: str | None  # "module:function", or None for the default collate
+    batch_size: int | None  # None: the factory's, else 1
+    num_workers: int
+    prefetch_factor: int | None
+    pin_memory: bool
+    per_step_ms: float | None  # a pause per batch, as a GPU step would leave the CPUs free
+    warmup_s: float
+    window_s: float
 
 # Exit codes the parent reads: the user's code failed, or the loader did.
 EXIT_FACTORY, EXIT_LOADER = 3, 4
+CHUNKS = 5  # the window is cut into chunks: their spread is the noise of its rate
 # DataLoader keywords a factory may return with its dataset; the ones tune sets are refused.
 TUNED = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
 
@@ -121,7 +137,7 @@ def batch_len(batch, default: int) -> int:
     return default
 
 
-def run(cfg: dict) -> None:
+def run(cfg: TrialConfig) -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]  # no shadowing of the user's modules
     try:
@@ -131,8 +147,8 @@ def run(cfg: dict) -> None:
         fail("import", e, EXIT_FACTORY)
     try:
         dataset, kwargs = dataset_and_kwargs(factory())
-        if cfg.get("collate"):
-            kwargs["collate_fn"] = load_factory(cfg["collate"])
+        if collate := cfg.get("collate"):
+            kwargs["collate_fn"] = load_factory(collate)
     except BaseException as e:  # noqa: BLE001
         fail("factory", e, EXIT_FACTORY)
 
@@ -176,7 +192,7 @@ def run(cfg: dict) -> None:
                 time.sleep(step_s)
             batch = next_batch()
         emit("window")
-        chunk_s = cfg["window_s"] / cfg.get("chunks", 5)
+        chunk_s = cfg["window_s"] / CHUNKS
         t0 = time.perf_counter()
         end = t0 + cfg["window_s"]
         batches = samples = 0
