@@ -6,9 +6,9 @@ reads them. A value that could not be measured is None, and a Notice says why.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
-from .autotune.policy import Decision, Knobs
 from .text import printable, printable_or_none
 from .vocabulary import (
     Change,
@@ -20,6 +20,7 @@ from .vocabulary import (
     ProcessStatus,
     Severity,
     TrainerStatus,
+    TuneAction,
     TunePhase,
     WaitSource,
 )
@@ -159,6 +160,85 @@ class DataWait:
         _clean(self, "loop")
         if any(printable(label) != label for label, _ in self.breakdown):
             object.__setattr__(self, "breakdown", tuple((printable(k), v) for k, v in self.breakdown))
+
+
+# --- the in-place tuner (loadertop/autotune): what it changes and what it decided ----------
+
+
+@dataclass(frozen=True, order=True)
+class Knobs:
+    """What the tuner may change: the two DataLoader settings that take effect on the next
+    iterator without changing the batches a map-style loader yields."""
+
+    num_workers: int
+    prefetch_factor: int | None  # None with num_workers=0: nothing to prefetch
+
+    def label(self) -> str:
+        if self.num_workers == 0:
+            return "num_workers=0"
+        return f"num_workers={self.num_workers} prefetch_factor={self.prefetch_factor}"
+
+    def short(self, beside: Knobs) -> str:
+        """The label, without the prefetch where it is beside's."""
+        if self.num_workers and self.prefetch_factor != beside.prefetch_factor:
+            return self.label()
+        return f"num_workers={self.num_workers}"
+
+    def arrow(self, new: Knobs) -> str:
+        """'num_workers 2 -> 4': what changes from self to new."""
+        parts = []
+        if new.num_workers != self.num_workers:
+            parts.append(f"num_workers {self.num_workers} -> {new.num_workers}")
+        if new.num_workers and self.num_workers and new.prefetch_factor != self.prefetch_factor:
+            parts.append(f"prefetch_factor {self.prefetch_factor} -> {new.prefetch_factor}")
+        return ", ".join(parts) or f"{new.label()} (no change)"
+
+    def as_dict(self) -> dict:
+        return {"num_workers": self.num_workers, "prefetch_factor": self.prefetch_factor}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One step of the tuner: what it tried, kept, went back from, or settled on."""
+
+    action: TuneAction
+    old: Knobs | None
+    new: Knobs | None
+    gain: float | None = None  # measured steps/s of new against old (keep, revert)
+    noise: float | None = None
+    reason: str = ""
+    epoch: int = 0  # the loader's epoch when decided (1 = the first)
+    batch: int = 0  # batches the loop had taken
+    at: float = 0.0  # epoch seconds
+
+    def __post_init__(self) -> None:
+        if self.noise is not None and not math.isfinite(self.noise):
+            object.__setattr__(self, "noise", None)  # too few chunks to tell: no figure
+
+    def text(self) -> str:
+        """'epoch 3: num_workers 2 -> 4, measured +38 % steps/s (noise ±6 %), kept'."""
+        head = f"epoch {self.epoch}: " if self.epoch else ""
+        measured = ""
+        if self.gain is not None:
+            noise = f" (noise ±{self.noise:.0%})" if self.noise is not None else ""
+            measured = f", measured {self.gain:+.0%} steps/s{noise}"
+        if self.action == "try" and self.old and self.new:
+            return f"{head}{self.old.arrow(self.new)}: trying ({self.reason})" if self.reason else \
+                f"{head}{self.old.arrow(self.new)}: trying"
+        if self.action == "keep" and self.old and self.new:
+            return f"{head}{self.old.arrow(self.new)}{measured}, kept"
+        if self.action == "revert" and self.old and self.new:
+            return f"{head}{self.old.arrow(self.new)}{measured}, reverted"
+        if self.action == "settle" and self.new:
+            return f"{head}settled on {self.new.label()}" + (f": {self.reason}" if self.reason else "")
+        return f"{head}tuning off" + (f": {self.reason}" if self.reason else "")
+
+    def as_dict(self) -> dict:
+        return {"action": self.action, "epoch": self.epoch, "batch": self.batch, "at": self.at,
+                "from": self.old.as_dict() if self.old else None, "to": self.new.as_dict() if self.new else None,
+                "measured_gain": None if self.gain is None else round(self.gain, 4),
+                "noise": None if self.noise is None else round(self.noise, 4),
+                "reason": self.reason, "text": self.text()}
 
 
 @dataclass(frozen=True)

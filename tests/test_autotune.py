@@ -11,7 +11,8 @@ import pytest
 
 from loadertop.autotune import policy as P
 from loadertop.autotune import tuner as TU
-from loadertop.autotune.policy import Decision, Explorer, Knobs, Proposal, Stretch, chunk_rates, neighbours
+from loadertop.autotune.policy import Explorer, Proposal, Stretch, chunk_rates, neighbours
+from loadertop.model import Decision, Knobs
 
 pytestmark = pytest.mark.unit
 

@@ -11,10 +11,10 @@ import jsonschema
 import pytest
 from synth import TRAINER, host, snapshot, story, trainer
 
-from loadertop.autotune.policy import Decision, Explorer, Knobs
+from loadertop.autotune.policy import Explorer
 from loadertop.autotune.tuner import Tuner
 from loadertop.inside.hook import _Publisher
-from loadertop.model import TuneState
+from loadertop.model import Decision, Knobs, TuneState
 from loadertop.outputs.report import build_report
 from loadertop.outputs.report_md import render
 from loadertop.probes.hook_files import HookError, parse_tune, read_hook

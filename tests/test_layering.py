@@ -177,3 +177,19 @@ def test_snapshot_run_does_not_import_torch(tmp_path):
         "assert not [m for m in sys.modules if m.startswith(('torch', 'textual', 'psutil'))]\n"
     )
     subprocess.run([sys.executable, "-c", code, str(tmp_path / "r.json")], check=True)
+
+
+@pytest.mark.unit
+def test_every_numeric_threshold_is_defined_once():
+    """`loadertop tune` once re-declared the monitor's TOLERANCE, SHM_LIMIT, MEMORY_LIMIT and
+    MAX_WORKERS: a number changed in one place silently stayed in the other."""
+    where: dict[str, list[str]] = {}
+    for path in _modules():
+        for node in ast.parse(path.read_text()).body:
+            target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else \
+                node.target if isinstance(node, ast.AnnAssign) else None
+            value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+            if isinstance(target, ast.Name) and target.id.isupper() and isinstance(value, ast.Constant) \
+                    and isinstance(value.value, (int, float)) and not isinstance(value.value, bool):
+                where.setdefault(target.id, []).append(_name(path))
+    assert not {name: paths for name, paths in where.items() if len(paths) > 1}

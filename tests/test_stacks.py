@@ -14,10 +14,10 @@ from jobs import loadertop
 from test_isolation import SYSTEM_PYTHON, _nobody_can_run_system_python, world_readable_loadertop  # noqa: F401
 from test_snapshot_cli import SCHEMA, only_trainer
 
-from loadertop.vocabulary import LOOP_NAMES
 from loadertop.probes import pyspy, stacks
 from loadertop.probes.pyspy import MAIN, WAIT, classify_main, parse_dump, parse_raw
 from loadertop.probes.stacks import error_notice
+from loadertop.vocabulary import LOOP_NAMES
 
 DATA = Path(__file__).parent / "data"
 # The PIDs the captured outputs were taken from: trainer with 2 workers, trainer with

@@ -29,7 +29,7 @@ import sys
 import warnings
 from contextlib import contextmanager
 
-from .policy import Knobs
+from ..model import Knobs
 
 # Wrappers that keep the real loader inside (Accelerate's DataLoaderAdapter).
 _INNER = ("base_dataloader",)

@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from statistics import fmean, stdev
 from typing import Any
 
-from ..vocabulary import TuneAction
+from ..model import Decision, Knobs
+from ..rules import thresholds as T
 
-# A change is kept when its measured gain clears this many standard errors of the
-# difference (two stretches' chunk spreads combined) ...
-NOISE_Z = 2.0
-# ... and this share, whatever the noise: a smaller gain is not worth a change.
-MIN_GAIN = 0.02
+# A change is kept when its measured gain clears T.NOISE_Z standard errors of the difference
+# (two stretches' chunk spreads combined), and this share whatever the noise: a smaller gain
+# is not worth a change.
+MIN_MEASURED_GAIN = 0.02
 # Worker counts the neighbours step through: fine where one worker is a large share, coarse
 # where it is not.
 LADDER = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -32,38 +32,6 @@ MAX_CHUNKS = 12
 MIN_CHUNK_BATCHES = 4
 # Trials before the tuner settles whatever it found: a bound on exploring, not a target.
 MAX_TRIALS = 8
-
-
-@dataclass(frozen=True, order=True)
-class Knobs:
-    """What the tuner may change: the two DataLoader settings that take effect on the next
-    iterator without changing the batches a map-style loader yields."""
-
-    num_workers: int
-    prefetch_factor: int | None  # None with num_workers=0: nothing to prefetch
-
-    def label(self) -> str:
-        if self.num_workers == 0:
-            return "num_workers=0"
-        return f"num_workers={self.num_workers} prefetch_factor={self.prefetch_factor}"
-
-    def short(self, beside: Knobs) -> str:
-        """The label, without the prefetch where it is beside's."""
-        if self.num_workers and self.prefetch_factor != beside.prefetch_factor:
-            return self.label()
-        return f"num_workers={self.num_workers}"
-
-    def arrow(self, new: Knobs) -> str:
-        """'num_workers 2 -> 4': what changes from self to new."""
-        parts = []
-        if new.num_workers != self.num_workers:
-            parts.append(f"num_workers {self.num_workers} -> {new.num_workers}")
-        if new.num_workers and self.num_workers and new.prefetch_factor != self.prefetch_factor:
-            parts.append(f"prefetch_factor {self.prefetch_factor} -> {new.prefetch_factor}")
-        return ", ".join(parts) or f"{new.label()} (no change)"
-
-    def as_dict(self) -> dict:
-        return {"num_workers": self.num_workers, "prefetch_factor": self.prefetch_factor}
 
 
 def with_workers(knobs: Knobs, n: int) -> Knobs:
@@ -116,14 +84,14 @@ def chunk_rates(durations: list[float]) -> tuple[float, ...]:
 
 
 def compare(new: Stretch, old: Stretch) -> tuple[float, float]:
-    """(gain, noise): new's steps/s against old's, and NOISE_Z standard errors of that ratio."""
+    """(gain, noise): new's steps/s against old's, and T.NOISE_Z standard errors of that ratio."""
     gain = new.rate / old.rate - 1.0 if old.rate > 0 else 0.0
-    noise = NOISE_Z * math.hypot(new.relative_error, old.relative_error)
+    noise = T.NOISE_Z * math.hypot(new.relative_error, old.relative_error)
     return gain, noise
 
 
 def better(gain: float, noise: float) -> bool:
-    return gain > max(noise, MIN_GAIN)
+    return gain > max(noise, MIN_MEASURED_GAIN)
 
 
 def neighbours(n: int, low: int, high: int) -> tuple[int | None, int | None]:
@@ -139,50 +107,6 @@ class Proposal:
     in the order to try them, each with why."""
 
     moves: tuple[tuple[Knobs, str], ...] = ()
-
-
-@dataclass(frozen=True)
-class Decision:
-    """One step of the tuner: what it tried, kept, went back from, or settled on."""
-
-    action: TuneAction
-    old: Knobs | None
-    new: Knobs | None
-    gain: float | None = None  # measured steps/s of new against old (keep, revert)
-    noise: float | None = None
-    reason: str = ""
-    epoch: int = 0  # the loader's epoch when decided (1 = the first)
-    batch: int = 0  # batches the loop had taken
-    at: float = 0.0  # epoch seconds
-
-    def __post_init__(self) -> None:
-        if self.noise is not None and not math.isfinite(self.noise):
-            object.__setattr__(self, "noise", None)  # too few chunks to tell: no figure
-
-    def text(self) -> str:
-        """'epoch 3: num_workers 2 -> 4, measured +38 % steps/s (noise ±6 %), kept'."""
-        head = f"epoch {self.epoch}: " if self.epoch else ""
-        measured = ""
-        if self.gain is not None:
-            noise = f" (noise ±{self.noise:.0%})" if self.noise is not None else ""
-            measured = f", measured {self.gain:+.0%} steps/s{noise}"
-        if self.action == "try" and self.old and self.new:
-            return f"{head}{self.old.arrow(self.new)}: trying ({self.reason})" if self.reason else \
-                f"{head}{self.old.arrow(self.new)}: trying"
-        if self.action == "keep" and self.old and self.new:
-            return f"{head}{self.old.arrow(self.new)}{measured}, kept"
-        if self.action == "revert" and self.old and self.new:
-            return f"{head}{self.old.arrow(self.new)}{measured}, reverted"
-        if self.action == "settle" and self.new:
-            return f"{head}settled on {self.new.label()}" + (f": {self.reason}" if self.reason else "")
-        return f"{head}tuning off" + (f": {self.reason}" if self.reason else "")
-
-    def as_dict(self) -> dict:
-        return {"action": self.action, "epoch": self.epoch, "batch": self.batch, "at": self.at,
-                "from": self.old.as_dict() if self.old else None, "to": self.new.as_dict() if self.new else None,
-                "measured_gain": None if self.gain is None else round(self.gain, 4),
-                "noise": None if self.noise is None else round(self.noise, 4),
-                "reason": self.reason, "text": self.text()}
 
 
 class Explorer:

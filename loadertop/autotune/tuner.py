@@ -25,13 +25,13 @@ import warnings
 from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
 
+from ..model import Decision, Knobs
 from ..probes import procfs
 from ..probes.discovery import WORKER_COMM
 from ..vocabulary import TunePhase
 from . import loader as L
 from . import readings as M
-from .policy import MIN_GAIN as POLICY_MIN_GAIN
-from .policy import Decision, Explorer, Knobs, Proposal, Stretch, chunk_rates, compare, neighbours, with_workers
+from .policy import MIN_MEASURED_GAIN, Explorer, Proposal, Stretch, chunk_rates, compare, neighbours, with_workers
 
 log = logging.getLogger("loadertop.tune")
 
@@ -242,7 +242,7 @@ class Tuner:
         gain, noise = compare(so_far, kept)
         # A trial is judged once its result is clear, or once it is as long as the stretch it
         # is judged against (two readings of the same precision: longer would only delay).
-        return noise <= max(abs(gain), POLICY_MIN_GAIN) or seconds >= kept.seconds
+        return noise <= max(abs(gain), MIN_MEASURED_GAIN) or seconds >= kept.seconds
 
     def _start_stretch(self) -> None:
         self.durations = []
@@ -330,7 +330,7 @@ class Tuner:
             return low <= k.num_workers <= top and P.fits(m, setting, batch) is None
 
         if (plan.changes_workers and not plan.thread_change and plan.gain is not None
-                and plan.gain >= POLICY_MIN_GAIN):
+                and plan.gain >= MIN_MEASURED_GAIN):
             suggested = Knobs(plan.chosen.num_workers,
                               plan.chosen.prefetch_factor if plan.chosen.num_workers else None)
             if allowed(suggested) and (suggested.num_workers > 0 or not persistent):

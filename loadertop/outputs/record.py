@@ -117,10 +117,10 @@ def decode(data: dict) -> Snapshot:
     if not isinstance(data, dict):
         raise Damaged("a snapshot is not an object")
     trainers = data.get("trainers")
-    if isinstance(trainers, list) and (len(trainers) > MAX_TRAINERS or any(
-            isinstance(t, dict) and isinstance(t.get("workers"), list) and len(t["workers"]) > MAX_WORKERS
+    if isinstance(trainers, list) and (len(trainers) > MAX_RECORDED_TRAINERS or any(
+            isinstance(t, dict) and isinstance(t.get("workers"), list) and len(t["workers"]) > MAX_RECORDED_WORKERS
             for t in trainers)):
-        raise Damaged(f"it has more than {MAX_TRAINERS} trainers or {MAX_WORKERS} workers in one")
+        raise Damaged(f"it has more than {MAX_RECORDED_TRAINERS} trainers or {MAX_RECORDED_WORKERS} workers in one")
     snap = _decode(Snapshot, data)
     if not 0 < snap.time < LATEST_TIME:
         raise Damaged(f"its time {snap.time!r} is not a date")
@@ -172,8 +172,8 @@ CHUNK = 1 << 16
 MAX_LINES = 1_000_000
 MAX_SNAPSHOTS = 400_000  # four and a half days at a tick a second
 MAX_LINE_BYTES = 64 << 20
-MAX_TRAINERS = 256
-MAX_WORKERS = 4096
+MAX_RECORDED_TRAINERS = 256
+MAX_RECORDED_WORKERS = 4096
 
 
 def _inflate(f, offset: int):

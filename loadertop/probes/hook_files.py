@@ -19,9 +19,8 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from .. import notices as N
-from ..autotune.policy import Decision, Knobs
 from ..hookfile import CONFIG_AT, HEADER, MAGIC, PREFIX, SIZE, SUFFIX, prefix_of
-from ..model import DataWait, LoaderConfig, Notice, TuneState
+from ..model import DataWait, Decision, Knobs, LoaderConfig, Notice, TuneState
 from ..outputs.record import LARGEST
 from ..vocabulary import LOOP_NAMES, TUNE_ACTIONS, TUNE_PHASES, Loop
 from . import procfs

@@ -29,7 +29,7 @@ def check(ctx: Context) -> Check:
     throttled = budget.throttled or 0.0
     if runqueue < T.RUNQUEUE_WAIT_WARNING and throttled < T.THROTTLED_SHARE:
         return FINE
-    level = CRITICAL if runqueue >= budget.cpus or throttled >= 0.5 else WARNING
+    level = CRITICAL if runqueue >= budget.cpus or throttled >= T.THROTTLED_CRITICAL else WARNING
     evidence: E.CpuOversubscribed = {
                 "runqueue_wait_s_per_s": runqueue, "cpus": round(budget.cpus, 2), "cpu_set": budget.cpu_set,
                 "cpu_quota": budget.quota, "throttled_fraction": budget.throttled,

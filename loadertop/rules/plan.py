@@ -200,7 +200,8 @@ def _cause(m: Measured, t: Terms | None, hung: bool) -> Cause:
     lw = m.loader
     if hung or (lw is not None and lw.stopped):
         return STALLED
-    if m.wait is not None and m.wait >= T.DATA_WAIT_WARNING and (m.wait_dispatched or 0.0) >= 0.5 * m.wait:
+    dispatched = m.wait_dispatched or 0.0
+    if m.wait is not None and m.wait >= T.DATA_WAIT_WARNING and dispatched >= T.DISPATCHED_SHARE * m.wait:
         return DISPATCHED  # its own loader is not what it waits on: no setting here helps
     if lw is not None and _pools_oversubscribe(m):
         return THREADS
@@ -235,7 +236,7 @@ def _pools_oversubscribe(m: Measured) -> bool:
     lw = m.loader
     if lw is None or lw.busy_threads is None or lw.busy_threads < T.WORKER_BUSY_THREADS:
         return False
-    return lw.num_workers * lw.busy_threads + m.main_demand > m.budget.cpus + 0.5
+    return lw.num_workers * lw.busy_threads + m.main_demand > m.budget.cpus + T.POOL_SLACK_CPUS
 
 
 def _starved(m: Measured) -> bool:
@@ -275,7 +276,7 @@ def batch_bytes(m: Measured) -> float | None:
     in_flight = lw.num_workers * lw.prefetch_factor
     if m.shm_torch:
         return m.shm_torch / in_flight
-    if m.shm_peak and m.shm_total and m.shm_peak >= 0.5 * m.shm_total:
+    if m.shm_peak and m.shm_total and m.shm_peak >= T.SHM_MOSTLY_IN_FLIGHT * m.shm_total:
         return m.shm_peak / in_flight  # most of it is in flight: an upper bound
     return None
 

@@ -35,6 +35,8 @@ WORKER_BUSY_THREADS = 1.5  # mean busy threads per worker above which pools are 
 # Oversubscription: run-queue wait (seconds runnable but not running, throttling included,
 # per second, summed over the trainer's processes).
 RUNQUEUE_WAIT_WARNING = 0.5
+# A quota that ran out in this share of its periods (or more) is critical.
+THROTTLED_CRITICAL = 0.5
 
 # Several loaders share the machine: torch warns when num_workers exceeds usable CPUs;
 # Lightning suggests max(1, usable_cpus // local_world_size - 1) workers per process.
@@ -51,6 +53,8 @@ MEMORY_GROWTH_MIN_POINTS = 6
 MEMORY_GROWTH_MIN_BYTES_PER_MIN = 4 * 2**20  # per worker
 MEMORY_GROWTH_MIN_FIT = 0.8  # R² of a straight line through the samples
 MEMORY_GROWTH_KEEPS_PACE = 0.5  # later half vs earlier half: warm-up slows down, a leak does not
+# RSS growing at this share of USS's pace (or more) is real allocation, not copy-on-read.
+RSS_GROWTH_SHARE = 0.5
 MEMORY_GROWTH_MATTERS_HOURS = 24.0  # slower growth outlasts a training run: no alarm
 MEMORY_GROWTH_CRITICAL_HOURS = 1.0
 
@@ -85,6 +89,9 @@ SOFTMIN_P = 8.0
 # A plan takes the cheapest setting whose predicted rate is within this share of the best
 # prediction, as `loadertop tune` does with measured rates.
 TOLERANCE = 0.05
+# Two measured rates closer than this many standard errors of their difference are the same
+# (`loadertop tune`'s settings, the in-place tuner's stretches).
+NOISE_Z = 2.0
 # A change is proposed for speed only when it predicts at least this gain; below it, it is
 # not worth a restart (a cheaper setting for a cost reason is proposed anyway).
 MIN_GAIN = 0.05
@@ -110,6 +117,13 @@ MAX_WORKERS = 64
 # Bytes in flight must leave this much of /dev/shm and of the available memory free.
 SHM_LIMIT = 0.80
 MEMORY_LIMIT = 0.80
+# An I/O-bound loader's workers may outnumber the CPUs: the threads they may run beyond the
+# CPUs before the pools count as oversubscribing them.
+POOL_SLACK_CPUS = 0.5
+# /dev/shm at least this full holds mostly batches in flight: its peak bounds a batch's bytes.
+SHM_MOSTLY_IN_FLIGHT = 0.5
+# The main thread's run-queue wait slows its serial share by at most this share of it.
+MAX_CONTENTION_SHARE = 0.5
 # torch's default prefetch_factor.
 DEFAULT_PREFETCH = 2
 
@@ -117,6 +131,8 @@ DEFAULT_PREFETCH = 2
 BUSY_HOST_SHARE = 0.25
 # A quota that ran out in this share of its periods is binding.
 THROTTLED_SHARE = 0.10
+# The loop waits for another rank's batch (Accelerate dispatches) in this share of its data wait or more.
+DISPATCHED_SHARE = 0.5
 # Workers whose threads wait this share of the time for a CPU are starved of CPU: more of
 # them would only wait longer.
 STARVED_RUNQUEUE_SHARE = 0.20

@@ -75,7 +75,7 @@ def terms(m: Measured) -> Terms | None:
     wait_workers = m.wait_workers or 0.0
     serial = max(T.MIN_SERIAL_SHARE, 1.0 - wait_workers)
     threads = max(1.0, m.main_busy_threads)
-    contention = min(0.5 * serial, m.main_runqueue / threads)
+    contention = min(T.MAX_CONTENTION_SHARE * serial, m.main_runqueue / threads)
     s0 = max(T.MIN_SERIAL_SHARE, serial - contention)
     main_cpu = m.main_cpu if m.main_cpu is not None else 1.0
     lw = m.loader

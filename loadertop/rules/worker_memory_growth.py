@@ -61,7 +61,7 @@ def check(ctx: Context) -> Check:
     rss = [(when, fmean(w.rss_bytes or 0 for w in t.workers)) for when, t in history
            if t.workers and all(w.rss_bytes is not None for w in t.workers)]
     rss_slope = _fit(rss)[0] if len(rss) >= 2 else 0.0
-    if rss_slope > 0.5 * slope:
+    if rss_slope > T.RSS_GROWTH_SHARE * slope:
         return FINE  # RSS grows as fast: real allocation, not copy-on-read
     n = max(1, len(ctx.trainer.workers))
     available = ctx.measured.memory_available

@@ -25,6 +25,10 @@ from .widgets.workers import WorkersTable
 COMPACT_HEIGHT = 30
 COMPACT_HISTORY_ROWS = 4  # its title and a line each for data wait, GPU and host CPU
 INTERVALS = (0.5, 1.0, 2.0, 5.0, 10.0)
+# Snapshots the live view keeps (an hour at the default 1 s), and the latest of them a saved
+# report covers (`s`: five minutes at 1 s).
+KEPT_SNAPSHOTS = 3600
+SAVED_SNAPSHOTS = 300
 
 
 class Tick(Message):
@@ -67,7 +71,7 @@ class LoadertopApp(App):
         self.save_dir = Path(save_dir)
         self.on_exit_callback = on_exit
         self._gpu = gpu
-        self.history: deque[Snapshot] = deque(maxlen=3600)
+        self.history: deque[Snapshot] = deque(maxlen=KEPT_SNAPSHOTS)
         self.findings: list[Finding] = []
         self.snapshot: Snapshot | None = None
         self.selected = 0
@@ -309,7 +313,7 @@ class LoadertopApp(App):
         if not self.history:
             self.notify("nothing sampled yet", severity="warning")
             return None
-        snaps = list(self.history)[-300:]
+        snaps = list(self.history)[-SAVED_SNAPSHOTS:]
         plans = self.source.diagnoser.plans if self.source is not None else None
         failed = self.source.diagnoser.notices() if self.source is not None else []
         data = report.build_report(snaps, self.findings, failed, plans=plans)

@@ -12,11 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from statistics import fmean, stdev
 
-TOLERANCE = 0.05  # "within a few percent of the best"
-SHM_LIMIT = 0.80  # peak /dev/shm use above this share of its size: one more batch may crash
-MEMORY_LIMIT = 0.80  # peak PSS of the loader above this share of the memory available at start
-NOISE_Z = 2.0  # two settings closer than this many combined standard errors are indistinguishable
-MAX_WORKERS = 64
+# The monitor's thresholds, the same numbers for measured settings: within TOLERANCE of the
+# best; a peak /dev/shm use above SHM_LIMIT of its size, or a loader's PSS above MEMORY_LIMIT
+# of the memory available at start, is left out; NOISE_Z; at most MAX_WORKERS.
+from ..rules.thresholds import MAX_WORKERS, MEMORY_LIMIT, NOISE_Z, SHM_LIMIT, TOLERANCE
 
 
 @dataclass(frozen=True, order=True)
