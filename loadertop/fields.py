@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 STATE_LETTER = {"running": "R", "sleeping": "S", "disk-sleep": "D", "stopped": "T", "zombie": "Z",
                 "exited": "X", "idle": "I"}
@@ -15,6 +15,18 @@ STATE_LETTER = {"running": "R", "sleeping": "S", "disk-sleep": "D", "stopped": "
 def read(p: Any, name: str) -> Any:
     """A figure of a process: a ProcessSample, or a process of the JSON report (a dict)."""
     return p.get(name) if isinstance(p, Mapping) else getattr(p, name, None)
+
+
+def worker_id_text(worker_id: int | None, place: int) -> str:
+    """A worker's id as every output shows it: "3", or "?2" (its place among the trainer's
+    workers) until py-spy or the hook has read the id. One spelling for the TUI, the reports
+    and the exporter's worker_id label, distinct per worker and stable while it lives."""
+    return str(worker_id) if worker_id is not None else f"?{place}"
+
+
+def worker_label(worker_id: int | None, place: int) -> str:
+    """"w3", or "w?2" before the id is known."""
+    return "w" + worker_id_text(worker_id, place)
 
 
 def context_switches(p: Any) -> float | None:
@@ -149,20 +161,30 @@ TRAINER_LABELS = ["hostname", "trainer_pid", "rank"]
 # worker_id, not the pid: a pid label would make a new series each time a worker is
 # re-created (every epoch without persistent_workers). The pid is in loadertop_process_info.
 PROCESS_LABELS = [*TRAINER_LABELS, "worker_id", "role"]
+LOADER_LABELS = [*TRAINER_LABELS, "loader"]  # a tuned loader, by its dataset class
+FINDING_LABELS = ["hostname", "trainer_pid", "id", "severity"]
 
 
 @dataclass(frozen=True)
 class Metric:
     name: str
     help: str
-    scope: str  # host | trainer | process
+    scope: Literal["host", "trainer", "process", "loader", "finding"]
     value: Callable[[Any], Any]  # of the HostSnapshot / TrainerSnapshot / ProcessSample / TuneState
 
     @property
     def labels(self) -> list[str]:
-        return {"host": HOST_LABELS, "trainer": TRAINER_LABELS, "process": PROCESS_LABELS,
-                "loader": [*TRAINER_LABELS, "loader"],
-                "finding": ["hostname", "trainer_pid", "id", "severity"]}[self.scope]
+        return {"host": HOST_LABELS, "trainer": TRAINER_LABELS, "process": PROCESS_LABELS, "loader": LOADER_LABELS,
+                "finding": FINDING_LABELS}[self.scope]
+
+
+@dataclass(frozen=True)
+class Series:
+    """A metric the exporter builds itself (a state, a count of decisions, its own health)."""
+
+    name: str
+    help: str
+    labels: tuple[str, ...] = ()
 
 
 def _help(key: str) -> str:
@@ -211,12 +233,29 @@ TUNE_EXPORTED = (
     Metric("loadertop_tune_cost_seconds", "time the in-place tuner took inside the training loop so far", "loader",
            lambda tune: tune.cost_s),
 )
-TUNE_STATE = ("loadertop_tune_state", "1 for the in-place tuner's state: warm-up, measuring, trying, settled or off")
-TUNE_DECISIONS = ("loadertop_tune_decisions", "decisions the in-place tuner made, by action (try, keep, revert, "
-                  "settle, off)")
+TUNE_STATE = Series("loadertop_tune_state", "1 for the in-place tuner's state: warm-up, measuring, trying, "
+                    "settled or off", (*LOADER_LABELS, "state"))
+TUNE_DECISIONS = Series("loadertop_tune_decisions", "decisions the in-place tuner made, by action (try, keep, "
+                        "revert, settle, off)", (*LOADER_LABELS, "action"))
 FINDING_METRIC = Metric("loadertop_finding", "1 for each active finding, by id and severity", "finding",
                         lambda finding: 1.0)
-PROCESS_INFO = ("loadertop_process_info", "1 for each watched process: its pid, by worker_id and role")
-LAST_SAMPLE = ("loadertop_last_sample_timestamp_seconds",
-               "when the exporter last sampled (epoch seconds): older than a few intervals means sampling stopped")
-SAMPLE_ERRORS = ("loadertop_sample_errors_total", "ticks that failed (the exporter keeps sampling)")
+PROCESS_INFO = Series("loadertop_process_info", "1 for each watched process: its pid, by worker_id and role",
+                      (*PROCESS_LABELS, "pid"))
+LAST_SAMPLE = Series("loadertop_last_sample_timestamp_seconds",
+                     "when the exporter last sampled (epoch seconds): older than a few intervals means sampling "
+                     "stopped")
+SAMPLE_ERRORS = Series("loadertop_sample_errors_total", "ticks that failed (the exporter keeps sampling)")
+
+
+def metrics_table() -> str:
+    """The exporter's metrics as the Markdown table of docs/PROMETHEUS.md (a test checks that
+    the document holds exactly this)."""
+    rows = ["| metric | labels | meaning |", "|---|---|---|"]
+    described: list[tuple[str, list[str] | tuple[str, ...], str]] = [
+        *((m.name, m.labels, m.help) for m in (*EXPORTED, *TUNE_EXPORTED, FINDING_METRIC)),
+        *((s.name, s.labels, s.help) for s in (TUNE_STATE, TUNE_DECISIONS, PROCESS_INFO, LAST_SAMPLE, SAMPLE_ERRORS)),
+    ]
+    for name, labels, help_text in described:
+        shown = ", ".join(f"`{label}`" for label in labels) or "none"
+        rows.append(f"| `{name}` | {shown} | {help_text.replace('|', '/')} |")
+    return "\n".join(rows) + "\n"

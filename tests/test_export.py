@@ -8,6 +8,7 @@ import subprocess
 import sys
 import urllib.request
 
+import pytest
 from jobs import REPO, loadertop, wait_for
 
 
@@ -55,3 +56,66 @@ def test_default_listen_address_is_loopback():
 def test_bad_listen_address_is_one_line():
     r = loadertop("export", "1", "--listen", "nonsense")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "HOST:PORT" in r.stderr
+
+
+class _Scripted:
+    """A sampler that plays prepared snapshots (the exporter's side of the boundary)."""
+
+    def __init__(self, snaps):
+        self.snaps = list(snaps)
+
+    def tick(self):
+        return self.snaps.pop(0)
+
+    def close(self):
+        pass
+
+
+@pytest.mark.unit
+def test_the_metrics_document_is_the_table_the_exporter_serves():
+    """docs/PROMETHEUS.md's table is generated from fields.py, and every family the exporter
+    serves (tuned loader, finding, worker whose id is not read yet) is in it."""
+    import re
+    from dataclasses import replace
+    from pathlib import Path
+
+    from synth import host, snapshot, trainer
+    from test_autotune_views import SETTLED
+
+    from loadertop.fields import metrics_table
+    from loadertop.outputs.export import Exporter
+
+    doc = (Path(REPO) / "docs/PROMETHEUS.md").read_text()
+    table = doc.split("<!-- metrics table: generated from loadertop/fields.py -->\n")[1]
+    table = table.split("<!-- end of the metrics table -->")[0]
+    assert table == metrics_table(), "regenerate the table: python3 -c 'from loadertop.fields import metrics_table; print(metrics_table())'"
+
+    tr = trainer(workers=2, worker_cpu=97.0, wait=0.62, usable=8)
+    unread = replace(tr.workers[1], worker_id=None)
+    tr = replace(tr, workers=(tr.workers[0], unread), loaders=(replace(tr.loaders[0], tune=SETTLED),))
+    exporter = Exporter(_Scripted([snapshot(t, [tr], host()) for t in range(30)]))
+    for _ in range(30):
+        exporter.sample_once()
+    served = {f.name for f in exporter.collect()}
+    documented = set(re.findall(r"^\| `(\w+)` \|", table, re.M))
+    # prometheus_client adds _total to counters' names itself.
+    assert {n if n in documented else n + "_total" for n in served} == documented
+    ids = {s.labels["worker_id"] for f in exporter.collect() if f.name == "loadertop_cpu_percent" for s in f.samples}
+    assert ids == {"", str(tr.workers[0].worker_id), "?1"}
+
+
+@pytest.mark.unit
+def test_a_worker_whose_id_is_not_read_yet_has_one_name_everywhere():
+    from dataclasses import replace
+
+    from synth import host, snapshot, trainer
+
+    from loadertop.outputs.report import build_report
+    from loadertop.outputs.report_html import worker_names
+    from loadertop.outputs.report_md import processes
+
+    tr = trainer(workers=3)
+    tr = replace(tr, workers=tuple(replace(w, worker_id=None) if i == 2 else w for i, w in enumerate(tr.workers)))
+    report = build_report([snapshot(0, [tr], host())])
+    assert [name for name, _ in processes(report["trainers"][0])][-1] == "w?2"
+    assert worker_names([tr])[tr.workers[2].pid] == "w?2"

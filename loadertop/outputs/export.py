@@ -20,11 +20,11 @@ from ..fields import (
     FINDING_METRIC,
     LAST_SAMPLE,
     PROCESS_INFO,
-    PROCESS_LABELS,
     SAMPLE_ERRORS,
     TUNE_DECISIONS,
     TUNE_EXPORTED,
     TUNE_STATE,
+    worker_id_text,
 )
 from ..model import Finding, Snapshot
 from ..rules import Diagnoser
@@ -98,11 +98,11 @@ class Exporter:
 
         with self._lock:
             latest, last_at, errors = self.latest, self.last_sample_at, self.errors
-        sampled = GaugeMetricFamily(*LAST_SAMPLE)
+        sampled = GaugeMetricFamily(LAST_SAMPLE.name, LAST_SAMPLE.help)
         if last_at is not None:
             sampled.add_metric([], last_at)
         yield sampled
-        failed = CounterMetricFamily(*SAMPLE_ERRORS)
+        failed = CounterMetricFamily(SAMPLE_ERRORS.name, SAMPLE_ERRORS.help)
         failed.add_metric([], errors)
         yield failed
         if latest is None or self.stale(last_at):  # the same reading as `latest`, under one lock
@@ -112,7 +112,7 @@ class Exporter:
         families = {}
         for metric in EXPORTED:
             families[metric.name] = GaugeMetricFamily(metric.name, metric.help, labels=metric.labels)
-        info = GaugeMetricFamily(*PROCESS_INFO, labels=[*PROCESS_LABELS, "pid"])
+        info = GaugeMetricFamily(PROCESS_INFO.name, PROCESS_INFO.help, labels=list(PROCESS_INFO.labels))
         for t in snap.trainers:
             rank = "" if t.rank is None else str(t.rank)
             trainer_labels = [host, str(t.pid), rank]
@@ -125,7 +125,7 @@ class Exporter:
             for i, w in enumerate(t.workers):
                 # Until py-spy reads a worker's id, its place among the workers stands in:
                 # series stay distinct and stable when workers are re-created.
-                processes.append(("worker", str(w.worker_id) if w.worker_id is not None else f"#{i}", w))
+                processes.append(("worker", worker_id_text(w.worker_id, i), w))
             for role, wid, p in processes:
                 labels = [*trainer_labels, wid, role]
                 info.add_metric([*labels, str(p.pid)], 1.0)
@@ -153,10 +153,9 @@ class Exporter:
         """Each tuned loader's in-place tuner: its setting, state and decisions."""
         from prometheus_client.core import GaugeMetricFamily
 
-        labels = [*TUNE_EXPORTED[0].labels]
-        families = [GaugeMetricFamily(m.name, m.help, labels=labels) for m in TUNE_EXPORTED]
-        state = GaugeMetricFamily(*TUNE_STATE, labels=[*labels, "state"])
-        decisions = GaugeMetricFamily(*TUNE_DECISIONS, labels=[*labels, "action"])
+        families = [GaugeMetricFamily(m.name, m.help, labels=m.labels) for m in TUNE_EXPORTED]
+        state = GaugeMetricFamily(TUNE_STATE.name, TUNE_STATE.help, labels=list(TUNE_STATE.labels))
+        decisions = GaugeMetricFamily(TUNE_DECISIONS.name, TUNE_DECISIONS.help, labels=list(TUNE_DECISIONS.labels))
         for t in snap.trainers:
             for loader in t.loaders:
                 tune = loader.tune
@@ -164,7 +163,7 @@ class Exporter:
                     continue
                 at = [host, str(t.pid), "" if t.rank is None else str(t.rank), loader.dataset_class or ""]
                 for metric, family in zip(TUNE_EXPORTED, families, strict=True):
-                    value = metric.value(tune) if metric.value is not None else None
+                    value = metric.value(tune)
                     if value is not None:
                         family.add_metric(at, float(value))
                 state.add_metric([*at, tune.state], 1.0)

@@ -10,7 +10,7 @@ import math
 import re
 from collections.abc import Sequence
 
-from ..fields import REPORT_COLUMNS, WORKER_FIELD, row
+from ..fields import REPORT_COLUMNS, WORKER_FIELD, row, worker_label
 from ..model import Snapshot, TrainerSnapshot
 from ..verdict import verdict_of_report
 from .report_md import plan_line, processes
@@ -113,7 +113,7 @@ def worker_names(history: Sequence[TrainerSnapshot]) -> dict[int, str]:
                 order.append(w.pid)
             if w.worker_id is not None:
                 ids[w.pid] = w.worker_id
-    return {pid: f"w{ids[pid]}" if pid in ids else f"w{i}?" for i, pid in enumerate(order)}
+    return {pid: worker_label(ids.get(pid), i) for i, pid in enumerate(order)}
 
 
 def _charts(pid: int, snapshots: Sequence[Snapshot]) -> list[str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from ..fields import REPORT_COLUMNS, WORKER_FIELD, human_bytes, human_percent, row
+from ..fields import REPORT_COLUMNS, WORKER_FIELD, human_bytes, human_percent, row, worker_label
 from ..verdict import verdict_of_report
 
 
@@ -76,10 +76,8 @@ def tune_lines(t: dict) -> list[str]:
 
 
 def processes(t: dict) -> list[tuple[str, dict]]:
-    """A report trainer's processes as the tables name them: main, w0, w1… (w? before py-spy
-    has read a worker's id)."""
-    return [("main", t["main"])] + [
-        (f"w{w['worker_id']}" if w["worker_id"] is not None else "w?", w) for w in t["workers"]]
+    """A report trainer's processes as the tables name them: main, w0, w1… (fields.worker_label)."""
+    return [("main", t["main"])] + [(worker_label(w["worker_id"], i), w) for i, w in enumerate(t["workers"])]
 
 
 def render(report: dict) -> str:

@@ -12,7 +12,7 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from ...fields import WORKER_FIELDS, row
+from ...fields import WORKER_FIELDS, row, worker_label
 from ...model import ProcessSample, TrainerSnapshot
 
 SORTS = ("worker", "cpu", "uss", "rss")
@@ -75,7 +75,7 @@ class WorkersTable(VerticalScroll):
             workers.sort(key=lambda w: -(getattr(w, f"{self.sort_by}_bytes") or 0))
         else:
             workers.sort(key=lambda w: (w.worker_id if w.worker_id is not None else 10**6, w.pid))
-        processes += [(f"w{w.worker_id}" if w.worker_id is not None else f"w?{i}", w) for i, w in enumerate(workers)]
+        processes += [(worker_label(w.worker_id, i), w) for i, w in enumerate(workers)]
         record = now != self._recorded_at  # one point a snapshot, however often it is shown
         self._recorded_at = now
         out = []
