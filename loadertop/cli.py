@@ -17,6 +17,13 @@ from .tui import LIVE_INTERVAL_S
 SUBCOMMANDS = ("snapshot", "demo", "record", "replay", "export", "tune")
 REPORT_FORMATS = (".json", ".md", ".html")
 MONITOR_USAGE = "loadertop [PID ...] [--interval S] [--no-stacks]"
+MONITOR_DESCRIPTION = """Watch training jobs live: give the PID of a training script or of its launcher
+(torchrun, accelerate launch, a shell), and loadertop finds its ranks and DataLoader
+workers; with no PID, pick one from a list."""
+EXAMPLES = """examples:
+  loadertop 41822                           watch job 41822 live: its workers, data wait, findings
+  loadertop snapshot 41822 -o report.html   sample it 10 s and write a report to share
+  loadertop demo                            start a built-in starved job and watch it (q quits)"""
 
 
 class UsageError(Exception):
@@ -99,10 +106,20 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="loadertop",
+        usage=f"{MONITOR_USAGE}\n       loadertop COMMAND [ARGS ...]",
         description="Live monitor for the input pipeline (DataLoader) of PyTorch training jobs.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        add_help=False,  # -h goes under "other options", after the live view and the commands
     )
-    p.add_argument("--version", action="version", version=f"loadertop {__version__}")
-    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+    # The live view comes first, as the main use: main() hands PIDs to _monitor_parser(), and
+    # these are its options, shown here so that the first `--help` a new user reads has them.
+    live = p.add_argument_group("the live view (the main use)", MONITOR_DESCRIPTION)
+    _monitor_arguments(live, pids=False)
+    sub = p.add_subparsers(dest="command", parser_class=_Parser, title="commands", metavar="COMMAND", prog="loadertop")
+    other = p.add_argument_group("other options")
+    other.add_argument("-h", "--help", action="help", help="show this help and exit")
+    other.add_argument("--version", action="version", version=f"loadertop {__version__}")
 
     snap = sub.add_parser("snapshot", help="sample jobs for a while and write a report")
     snap.add_argument("pids", nargs="*", type=_pid, metavar="PID")
@@ -163,13 +180,19 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _monitor_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="loadertop", usage=MONITOR_USAGE,
-                description="Watch training jobs live; with no PID, pick one from a list.")
-    p.add_argument("pids", nargs="*", type=_pid, metavar="PID")
-    p.add_argument("--interval", type=_interval, default=LIVE_INTERVAL_S,
+    p = _Parser(prog="loadertop", usage=MONITOR_USAGE, description=MONITOR_DESCRIPTION, epilog=EXAMPLES,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    _monitor_arguments(p, pids=True)
+    return p
+
+
+def _monitor_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup, pids: bool) -> None:
+    """The live view's arguments: parsed by _monitor_parser(), shown first by `loadertop --help`."""
+    if pids:
+        p.add_argument("pids", nargs="*", type=_pid, metavar="PID", help="training scripts or launchers to watch")
+    p.add_argument("--interval", type=_interval, default=LIVE_INTERVAL_S, metavar="S",
                    help=f"seconds per tick ({LIVE_INTERVAL_S:g})")
     p.add_argument("--no-stacks", action="store_true", help="do not run py-spy (no data wait)")
-    return p
 
 
 def _require_terminal() -> None:

@@ -235,3 +235,22 @@ def test_the_report_schema_lists_the_vocabulary_word_for_word():
     for node, words in pairs:
         assert node["enum"] == list(typing.get_args(words)), words
     assert set(finding["id"]["enum"]) == set(RULES)
+
+
+@pytest.mark.unit
+def test_help_shows_the_live_view_first_and_three_examples(capsys):
+    from loadertop.cli import main
+
+    with pytest.raises(SystemExit) as end:
+        main(["--help"])
+    assert end.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: loadertop [PID ...] [--interval S] [--no-stacks]\n")
+    sections = [line for line in out.splitlines() if line and not line.startswith(" ") and line.endswith(":")]
+    assert sections == ["the live view (the main use):", "commands:", "other options:", "examples:"]
+    examples = out.split("examples:\n")[1].splitlines()
+    assert [e.split()[:2] for e in examples] == [["loadertop", "41822"], ["loadertop", "snapshot"],
+                                                 ["loadertop", "demo"]]
+    with pytest.raises(SystemExit):
+        main(["snapshot", "--help"])
+    assert capsys.readouterr().out.startswith("usage: loadertop snapshot ")
