@@ -193,3 +193,13 @@ def test_every_numeric_threshold_is_defined_once():
                     and isinstance(value.value, (int, float)) and not isinstance(value.value, bool):
                 where.setdefault(target.id, []).append(_name(path))
     assert not {name: paths for name, paths in where.items() if len(paths) > 1}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("path", [p for p in _modules() if _name(p).startswith("tui/")], ids=_name)
+def test_the_tui_uses_only_textuals_public_api(path):
+    """The history line once reached into the Sparkline's renderable (textual.renderables):
+    a Textual release could change it under us, and textual>=0.80 has no upper bound."""
+    found = {m for m in _imports(path.read_text(), _name(path)) if m.split(".")[0] == "textual"
+             and (m.startswith("textual.renderables") or any(part.startswith("_") for part in m.split(".")))}
+    assert not found, f"{_name(path)} imports Textual internals: {sorted(found)}"

@@ -10,12 +10,12 @@ from dataclasses import replace
 
 import pytest
 from synth import TRAINER, data_wait, gpu, host, snapshot, story, trainer
-from textual.widgets import Sparkline, Static
+from textual.widgets import Static
 
 from loadertop.rules import diagnose
 from loadertop.tui.app import LoadertopApp
 from loadertop.tui.source import ScriptedSource
-from loadertop.tui.widgets.history import HistoryPanel, HistoryRow
+from loadertop.tui.widgets.history import HistoryLine, HistoryPanel, HistoryRow
 from loadertop.tui.widgets.panels import FindingsPanel, HeaderPanel, OverviewPanel
 from loadertop.tui.widgets.workers import TREND_AT, WorkersTable
 
@@ -197,7 +197,7 @@ async def test_history_draws_data_wait_gpu_and_host_cpu_on_one_time_axis_and_w_c
         panel = app.query_one(HistoryPanel)
         rows = {name: row for name, row in zip(("wait", "gpu", "cpu"), panel.query(HistoryRow), strict=True)}
         assert all(row.display for row in rows.values())
-        lines = {name: list(row.query_one(Sparkline).data) for name, row in rows.items()}
+        lines = {name: list(row.query_one(HistoryLine).data) for name, row in rows.items()}
         # 40 s of a 5-minute window: the lines cover its last 40 s (the rest is before sampling
         # began), all of the same length, and follow the story: wait up, GPU down, CPU up.
         width = len(lines["wait"])
@@ -212,11 +212,11 @@ async def test_history_draws_data_wait_gpu_and_host_cpu_on_one_time_axis_and_w_c
         await pilot.press("w")
         await pilot.pause(0.1)
         assert "last 15 min" in str(panel.query(Static).first().render())
-        assert len(rows["wait"].query_one(Sparkline).data) < width
+        assert len(rows["wait"].query_one(HistoryLine).data) < width
         await pilot.press("w")
         await pilot.pause(0.1)
         assert "last 1 min" in str(panel.query(Static).first().render())
-        assert len(rows["wait"].query_one(Sparkline).data) > width
+        assert len(rows["wait"].query_one(HistoryLine).data) > width
         # Each worker's CPU as a trend: worker 0 climbs, worker 1 stays busy.
         table = app.query_one(WorkersTable)
         trends = {cells[0]: cells[TREND_AT] for cells in table.rows}

@@ -1,22 +1,25 @@
 """The history panel: the trainer's data wait, its GPU's utilization and the host's CPU over
-the last 1, 5 or 15 minutes, one Textual Sparkline each, on one time axis that ends now.
+the last 1, 5 or 15 minutes, one line of bars each, on one time axis that ends now.
 
-A Sparkline scales its bars between the lowest and highest value it is given, so each row
-says that range beside the value now: a flat 74-76 % is not read as a swing from empty to
-full. Each bar is a slice of the window; until the history fills the window, the lines
+The bars are on a fixed 0-100 % scale, and each row says the range of its line beside the
+value now. Each bar is a slice of the window; until the history fills the window, the lines
 start part way along, where sampling began. The lines are rebuilt when a new slice begins
 or a value arrives, not on every tick."""
 
 from __future__ import annotations
 
 from collections import deque
+from typing import ClassVar
 
+from rich.color import Color as RichColor
+from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.app import RenderResult as Drawn
 from textual.containers import Horizontal, Vertical
-from textual.renderables.sparkline import Sparkline as SparklineRenderable
-from textual.widgets import Sparkline, Static
+from textual.reactive import reactive
+from textual.widget import Widget
+from textual.widgets import Static
 
 from ...fields import human_percent
 from ...model import Snapshot, TrainerSnapshot
@@ -65,35 +68,51 @@ class Series:
         return out
 
 
-class HistoryLine(Sparkline):
-    """Textual's Sparkline on a fixed 0-100 % scale, its bars at the right: the part of the
-    window before sampling began stays blank. The widget keeps its width, so a new bar is a
-    repaint, not a layout. The bars are drawn once per change, into a Text: Textual asks a
-    Rich renderable for its lines again and again, and the Sparkline recomputes every bar
-    each time."""
+class HistoryLine(Widget):
+    """A line of bars on a fixed 0-100 % scale, at the right: the part of the window before
+    sampling began stays blank. Each bar is one value, several rows high on a tall terminal
+    (eight steps a row), coloured between the row's low and high colours by its value, as
+    Textual's Sparkline colours them; drawn here with Textual's public API only, since the
+    Sparkline scales between its data's own low and high (a flat 42 % would fill the line or
+    draw nothing). The widget keeps its width, so a new bar is a repaint, not a layout."""
+
+    COMPONENT_CLASSES: ClassVar[set[str]] = {"history-line--low", "history-line--high"}
+    DEFAULT_CSS = """
+    HistoryLine > .history-line--low { color: $primary 30%; }
+    HistoryLine > .history-line--high { color: $primary; }
+    """
+    BARS = "▁▂▃▄▅▆▇█"
+
+    data: reactive[list[float]] = reactive(list, layout=False)
 
     def render(self) -> Drawn:
-        values = [min(1.0, max(0.0, v)) for v in self.data or ()][-self.size.width:]
+        width, height = self.size.width, max(1, self.size.height)
+        values = [min(1.0, max(0.0, v)) for v in self.data][-width:]
         if not values:
             return ""
-        inner = super().render()
-        assert isinstance(inner, SparklineRenderable)
-        # The Sparkline scales between its data's own low and high, so a flat 42 % fills the
-        # line or draws nothing; two anchor bars at 0 and 100 % (one bar per value: width =
-        # count) fix the scale, and are cut off below.
-        inner.data = [0.0, 1.0, *values]
-        inner.width = len(inner.data)
-        console = self.app.console
-        lines = console.render_lines(inner, console.options.update(width=inner.width, height=self.size.height),
-                                     pad=False)
+        _, base = self.background_colors
+        low = (base + self.get_component_styles("history-line--low").color).rich_color
+        high = (base + self.get_component_styles("history-line--high").color).rich_color
+        steps = len(self.BARS) * height - 1  # a full bar is every step of every row
+        styles = [Style.from_color(_blend(low, high, v)) for v in values]
         text = Text(no_wrap=True)
-        for i, line in enumerate(lines):
-            text.append(("\n" if i else "") + " " * (self.size.width - len(values)))
-            bars = Text()
-            for segment in line:
-                bars.append(segment.text, segment.style)
-            text.append_text(bars[2:])
+        for row in reversed(range(height)):  # the top row first
+            text.append(("\n" if row < height - 1 else "") + " " * (width - len(values)))
+            bottom, top = row * len(self.BARS), (row + 1) * len(self.BARS)
+            for value, style in zip(values, styles, strict=True):
+                step = int(value * steps)
+                if step < bottom:
+                    text.append(" ")
+                else:
+                    text.append("█" if step >= top else self.BARS[step % len(self.BARS)], style)
         return text
+
+
+def _blend(low: RichColor, high: RichColor, share: float) -> RichColor:
+    """The colour `share` of the way from low to high (RGB)."""
+    if low.triplet is None or high.triplet is None:
+        return high
+    return RichColor.from_rgb(*(a + (b - a) * share for a, b in zip(low.triplet, high.triplet, strict=True)))
 
 
 class HistoryRow(Horizontal):
@@ -102,7 +121,7 @@ class HistoryRow(Horizontal):
     def __init__(self, label: str, **kw) -> None:
         super().__init__(**kw)
         self.label = label
-        self._line = HistoryLine([], summary_function=max)
+        self._line = HistoryLine()
         self._value = Static(classes="history-value")
         self._text = ""
 
@@ -168,7 +187,7 @@ class HistoryPanel(Vertical):
                  "gpu": self.gpu.get(trainer.pid) if trainer else None, "cpu": self.cpu}
         # The lines and the values beside them move once a slice (window / width: 3.5 s of a
         # 5-minute window on 120 columns) is over, and at most every MIN_REDRAW_S: a redraw of
-        # three 5-row lines 126 columns wide is ~6 ms of the Sparkline's per-cell work, then
+        # three 5-row lines 126 columns wide is ~6 ms of per-cell work, then
         # Textual's; the header has the values of each tick.
         # A line that got its first value is drawn at once: the header shows that value already.
         view = (trainer.pid if trainer else None, width, self.window_s,
