@@ -259,3 +259,18 @@ async def test_no_gpu_no_gpu_line_and_80x24_folds_the_history_and_the_trend_away
         assert len(table.rows) == 13 and table.region.height >= 6
         findings = app.query_one(FindingsPanel)
         assert findings.region.height >= 3 and findings.region.bottom <= 24
+
+
+@pytest.mark.parametrize("with_gpu", [False, True])
+async def test_at_120x36_the_history_fills_the_rows_the_workers_and_findings_leave(with_gpu):
+    """The demo's first screen left ten blank rows between the history and the workers when
+    its lines were capped at five rows: every row is the history's or another panel's."""
+    app = LoadertopApp(ScriptedSource(moving(with_gpu=with_gpu), interval_s=0.005))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_until(pilot, lambda: app.ended and app.ticks_shown > 0)
+        await pilot.pause(0.1)
+        panel = app.query_one(HistoryPanel)
+        shown = [row for row in panel.query(HistoryRow) if row.display]
+        assert len(shown) == (3 if with_gpu else 2)
+        assert shown[-1].region.bottom == panel.region.bottom == app.query_one(WorkersTable).region.y
+        assert all(row.region.height >= 5 for row in shown)
