@@ -13,9 +13,13 @@ os.environ[RAISE_RULE_ERRORS] = "1"
 
 
 def pytest_collection_modifyitems(items):
-    """Everything that is not a unit test is slow: `pytest -m "not slow"` is the quick loop."""
+    """Tiers by what a test needs. `slow`: it starts a real training job (the `job` fixture,
+    or a module or test marked slow: torchrun, a framework's fit, tune's trials, py-spy on a
+    live job) or a browser. Everything else is the quick loop, `pytest -m "not slow"`:
+    synthetic snapshots, the rules, the Pilot and screen snapshots, recordings, the CLI on
+    bad input. `unit`: synthetic data only, no process and no screen (`pytest -m unit`)."""
     for item in items:
-        if item.get_closest_marker("unit") is None:
+        if "job" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
 
 

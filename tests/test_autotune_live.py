@@ -18,6 +18,9 @@ from jobs import REPO
 
 from loadertop.jobs import can_unshare_shm
 
+# Real training jobs tuned in place.
+pytestmark = pytest.mark.slow
+
 ENV = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
 FAST = ("--tune", "--stretch-s", "0.5")  # short stretches: a test of minutes, not of the defaults' pace
 

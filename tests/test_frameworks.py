@@ -14,6 +14,9 @@ import sys
 import pytest
 from jobs import REPO, loadertop, wait_for
 
+# Real Lightning, Accelerate and Hugging Face fits.
+pytestmark = pytest.mark.slow
+
 # Each item sleeps 20 ms (a slow disk), a batch of 4 on one worker takes ~80 ms against a
 # 20 ms step: the loop waits ~75%, and the CPUs stay free enough for all the jobs at once.
 FLAGS = ("--workers", "1", "--sleep-ms", "20", "--batch-size", "4", "--step-ms", "20", "--duration", "300")

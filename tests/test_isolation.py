@@ -17,6 +17,9 @@ from test_snapshot_cli import SCHEMA, only_trainer, snapshot
 
 from loadertop.jobs import can_unshare_shm, shm_wrapper
 
+# Real jobs watched by another user.
+pytestmark = pytest.mark.slow
+
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 

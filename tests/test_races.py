@@ -15,6 +15,9 @@ from jobs import Job
 
 from loadertop.probes import procfs
 
+# Real jobs whose workers come and go.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def churning_job(tmp_path_factory):

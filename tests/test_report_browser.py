@@ -15,7 +15,8 @@ from loadertop.outputs.report import build_report
 from loadertop.outputs.report_html import COLOURS, render
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run installs it)")
+# A real browser renders the report.
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run installs it)")]
 
 
 def _page() -> str:

@@ -10,7 +10,8 @@ import uuid
 import pytest
 from jobs import PYTHON, REPO, descendants, state, wait_for, worker_pids
 
-pytestmark = pytest.mark.skipif(not shutil.which("tmux"), reason="needs tmux")
+# A real demo job in a real terminal (tmux).
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not shutil.which("tmux"), reason="needs tmux")]
 
 
 class Tmux:
