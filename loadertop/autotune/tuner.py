@@ -31,7 +31,8 @@ from ..probes.discovery import WORKER_COMM
 from ..vocabulary import TunePhase
 from . import loader as L
 from . import readings as M
-from .policy import MIN_MEASURED_GAIN, Explorer, Proposal, Stretch, chunk_rates, compare, neighbours, with_workers
+from .policy import MIN_MEASURED_GAIN, Explorer, Stretch, chunk_rates, compare
+from .propose import propose
 
 log = logging.getLogger("loadertop.tune")
 
@@ -48,10 +49,6 @@ MAX_STRETCH_S = 30.0
 CHECK_EVERY_BATCHES = 16  # a mid-epoch stretch is looked at this often (the check reads every batch's time)
 MAX_SETTLE_BATCHES = 64
 MAX_DURATIONS = 200_000  # batch durations one stretch keeps (a very long epoch is cut there)
-# Run-queue wait of the loop's busy threads, seconds per second, from which its CPUs count as
-# contended: the workers' bursts preempt the step's own threads.
-CONTENDED_RUNQUEUE = 0.03
-CONTENDED_CPU_SHARE = 0.9  # or the trainer keeps this share of its CPUs busy
 SHM_FULL = 0.9  # /dev/shm this full: the tuner stops rather than risk a worker's "Bus error"
 
 
@@ -291,7 +288,7 @@ class Tuner:
         judged = explorer.judge(stretch)
         if judged is not None:
             self._record(judged)
-        proposed = explorer.propose(self._proposal(explorer.kept_stretch or stretch,
+        proposed = explorer.propose(propose(explorer.kept_stretch or stretch,
                                                    bool(config.get("persistent_workers"))))
         if proposed is not None:
             self._record(proposed)
@@ -308,52 +305,6 @@ class Tuner:
         if not self.idle and self.skip == 0:
             self._start_stretch()
         self._publish()
-
-    def _proposal(self, stretch: Stretch, persistent: bool) -> Proposal:
-        """Where to look next, from the kept setting's measurement: the plan's setting, then
-        the neighbours the measurement makes plausible."""
-        from ..rules import plan as P
-        from ..rules import thresholds as T
-        from ..rules.throughput import Setting, predict, terms
-
-        m = stretch.measured
-        knobs = stretch.knobs
-        now = Setting(knobs.num_workers, 0, knobs.prefetch_factor or 2)
-        plan = P.make_plan(m)
-        moves: list[tuple[Knobs, str]] = []
-        low = 1 if knobs.num_workers > 0 else 0
-        top = P.most_workers(m, now, plan.cause)
-        batch = P.batch_bytes(m)
-
-        def allowed(k: Knobs) -> bool:
-            setting = Setting(k.num_workers, 0, k.prefetch_factor or 2)
-            return low <= k.num_workers <= top and P.fits(m, setting, batch) is None
-
-        if (plan.changes_workers and not plan.thread_change and plan.gain is not None
-                and plan.gain >= MIN_MEASURED_GAIN):
-            suggested = Knobs(plan.chosen.num_workers,
-                              plan.chosen.prefetch_factor if plan.chosen.num_workers else None)
-            if allowed(suggested) and (suggested.num_workers > 0 or not persistent):
-                moves.append((suggested, f"the model predicts {plan.gain:+.0%} steps/s"))
-        down, up = neighbours(knobs.num_workers, low, top)
-        wait = m.wait or 0.0
-        # More workers only while the loop waits as the field calls input-bound (a few % is
-        # the loop receiving batches, which more workers do not shorten).
-        if up is not None and wait >= T.DATA_WAIT_WARNING and plan.cause not in P.OVERSUBSCRIBED:
-            k = with_workers(knobs, up)
-            if allowed(k):
-                moves.append((k, f"the loop waits {wait:.0%} of the time for data"))
-        t = terms(m)
-        if down is not None and _contended(m) and t is not None:
-            k = with_workers(knobs, down)
-            # Only where fewer still keep up: a loop that would wait for them gains nothing.
-            keeps_up = predict(t, Setting(down, 0, k.prefetch_factor or 2)).bound != "workers"
-            if keeps_up and allowed(k):
-                moves.append((k, f"the loop's threads wait {m.main_runqueue:.2f} s/s for a CPU while the "
-                                 f"trainer keeps {_busy(m)} CPUs busy"))
-        if wait < T.DATA_WAIT_WARNING:  # the loop hardly waits: fewer is the likelier gain
-            moves.sort(key=lambda mv: mv[0].num_workers > knobs.num_workers)
-        return Proposal(moves=tuple(moves))
 
     def _apply(self, inner) -> None:
         explorer = self.explorer
@@ -466,18 +417,3 @@ class Tuner:
 def _settle(knobs: Knobs) -> int:
     """Batches to skip after a new setting starts: its workers' first batches, the queue filling."""
     return min(MAX_SETTLE_BATCHES, max(4, knobs.num_workers * (knobs.prefetch_factor or 1)))
-
-
-def _busy(m) -> str:
-    used = m.budget.used
-    return "n/a" if used is None else f"{used:.1f} of {m.budget.cpus:.1f}"
-
-
-def _contended(m) -> bool:
-    """The loop's threads queue for CPUs, or the trainer keeps its CPUs busy: fewer workers
-    may give the step its CPUs back."""
-    threads = max(1.0, m.main_busy_threads)
-    if m.main_runqueue / threads >= CONTENDED_RUNQUEUE:
-        return True
-    used = m.budget.used
-    return used is not None and used >= CONTENDED_CPU_SHARE * m.budget.cpus

@@ -1,0 +1,77 @@
+"""Where the in-place tuner looks next, from the kept setting's measurement (pure): the
+plan's setting (the throughput model, rules/plan.py), then the neighbours in worker count
+that the measurement makes plausible: more workers only while the loop waits for data as
+the field calls input-bound, fewer only while the trainer's CPUs are contended and fewer
+workers would still keep up."""
+
+from __future__ import annotations
+
+from ..model import Knobs
+from ..rules import plan as P
+from ..rules import thresholds as T
+from ..rules.measure import Measured
+from ..rules.throughput import Setting, predict, terms
+from .policy import MIN_MEASURED_GAIN, Proposal, Stretch, neighbours, with_workers
+
+# Run-queue wait of the loop's busy threads, seconds per second, from which its CPUs count as
+# contended: the workers' bursts preempt the step's own threads.
+CONTENDED_RUNQUEUE = 0.03
+CONTENDED_CPU_SHARE = 0.9  # or the trainer keeps this share of its CPUs busy
+
+
+def propose(stretch: Stretch, persistent: bool) -> Proposal:
+    """Where to look next, from the kept setting's measurement: the plan's setting, then
+    the neighbours the measurement makes plausible."""
+    m = stretch.measured
+    knobs = stretch.knobs
+    now = Setting(knobs.num_workers, 0, knobs.prefetch_factor or 2)
+    plan = P.make_plan(m)
+    moves: list[tuple[Knobs, str]] = []
+    low = 1 if knobs.num_workers > 0 else 0
+    top = P.most_workers(m, now, plan.cause)
+    batch = P.batch_bytes(m)
+
+    def allowed(k: Knobs) -> bool:
+        setting = Setting(k.num_workers, 0, k.prefetch_factor or 2)
+        return low <= k.num_workers <= top and P.fits(m, setting, batch) is None
+
+    if (plan.changes_workers and not plan.thread_change and plan.gain is not None
+            and plan.gain >= MIN_MEASURED_GAIN):
+        suggested = Knobs(plan.chosen.num_workers,
+                          plan.chosen.prefetch_factor if plan.chosen.num_workers else None)
+        if allowed(suggested) and (suggested.num_workers > 0 or not persistent):
+            moves.append((suggested, f"the model predicts {plan.gain:+.0%} steps/s"))
+    down, up = neighbours(knobs.num_workers, low, top)
+    wait = m.wait or 0.0
+    # More workers only while the loop waits as the field calls input-bound (a few % is
+    # the loop receiving batches, which more workers do not shorten).
+    if up is not None and wait >= T.DATA_WAIT_WARNING and plan.cause not in P.OVERSUBSCRIBED:
+        k = with_workers(knobs, up)
+        if allowed(k):
+            moves.append((k, f"the loop waits {wait:.0%} of the time for data"))
+    t = terms(m)
+    if down is not None and _contended(m) and t is not None:
+        k = with_workers(knobs, down)
+        # Only where fewer still keep up: a loop that would wait for them gains nothing.
+        keeps_up = predict(t, Setting(down, 0, k.prefetch_factor or 2)).bound != "workers"
+        if keeps_up and allowed(k):
+            moves.append((k, f"the loop's threads wait {m.main_runqueue:.2f} s/s for a CPU while the "
+                             f"trainer keeps {_busy(m)} CPUs busy"))
+    if wait < T.DATA_WAIT_WARNING:  # the loop hardly waits: fewer is the likelier gain
+        moves.sort(key=lambda mv: mv[0].num_workers > knobs.num_workers)
+    return Proposal(moves=tuple(moves))
+
+
+def _busy(m: Measured) -> str:
+    used = m.budget.used
+    return "n/a" if used is None else f"{used:.1f} of {m.budget.cpus:.1f}"
+
+
+def _contended(m: Measured) -> bool:
+    """The loop's threads queue for CPUs, or the trainer keeps its CPUs busy: fewer workers
+    may give the step its CPUs back."""
+    threads = max(1.0, m.main_busy_threads)
+    if m.main_runqueue / threads >= CONTENDED_RUNQUEUE:
+        return True
+    used = m.budget.used
+    return used is not None and used >= CONTENDED_CPU_SHARE * m.budget.cpus
