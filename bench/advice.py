@@ -500,7 +500,13 @@ def main() -> int:
     args = p.parse_args()
     args.work_per_ms = args.work_per_ms or calibrate(trials=40)
     print(f"work units per ms: {args.work_per_ms:.1f}; {CPUS} CPUs", flush=True)
-    chosen = cases()
+    print(table(run_cases(cases(), args, run_case)))
+    return 0
+
+
+def run_cases(chosen: list[Case], args, run) -> list[dict]:
+    """run(case, args) for each case --cases names (all by default), under the cgroup quota
+    the cases ask for; the rows so far go to --json after each case."""
     if args.cases:
         names = args.cases.split(",")
         chosen = [c for c in chosen if c.name in names]
@@ -510,14 +516,13 @@ def main() -> int:
     rows = []
     try:
         for case in chosen:
-            rows.append(run_case(case, args))
+            rows.append(run(case, args))
             if args.json:
                 Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
     finally:
         if quota:
             clear_quota()
-    print(table(rows))
-    return 0
+    return rows
 
 
 if __name__ == "__main__":

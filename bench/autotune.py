@@ -196,23 +196,7 @@ def main() -> int:
     args = p.parse_args()
     args.work_per_ms = args.work_per_ms or calibrate(trials=40)
     print(f"work units per ms: {args.work_per_ms:.1f}; {A.CPUS} CPUs", flush=True)
-    chosen = [c for c in A.cases() if not c.hang]
-    if args.cases:
-        names = args.cases.split(",")
-        chosen = [c for c in chosen if c.name in names]
-    quota = next((c.quota_cpus for c in chosen if c.quota_cpus), None)
-    if quota:
-        A.set_quota(quota)
-    rows = []
-    try:
-        for case in chosen:
-            rows.append(run_case(case, args))
-            if args.json:
-                Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
-    finally:
-        if quota:
-            A.clear_quota()
-    print(table(rows))
+    print(table(A.run_cases([c for c in A.cases() if not c.hang], args, run_case)))
     return 0
 
 
