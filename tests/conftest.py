@@ -1,5 +1,6 @@
 import os
 import re
+import signal
 import time
 
 import pytest
@@ -10,6 +11,12 @@ from loadertop.rules import RAISE_RULE_ERRORS
 # A rule that raises fails the test that fed it (in use it is a notice naming the rule);
 # set here so that the CLI and TUI the tests start inherit it.
 os.environ[RAISE_RULE_ERRORS] = "1"
+
+# A suite started in the background by a non-interactive shell (`pytest &`, a CI step) has
+# SIGINT ignored, and every process it starts inherits that: the tests that press Ctrl-C on
+# `loadertop export` or `tune` would wait forever. Ctrl-C means Ctrl-C in what the tests start.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(items):

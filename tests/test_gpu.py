@@ -78,6 +78,7 @@ def test_a_busy_gpu_lowers_the_severity_of_a_data_wait():
     assert "GPU utilization is 95%" in busy.title
 
 
+@pytest.mark.slow
 def test_starving_trainer_on_a_gpu_story(job):
     """A real starved job, with NVML faked to list its trainer on GPU 0 while utilization
     falls: the trainer is mapped to the GPU, input_bound carries the GPU evidence and

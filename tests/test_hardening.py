@@ -53,6 +53,7 @@ def test_secrets_never_reach_a_recording(secret_target, tmp_path):
     _no_secret(out.read_bytes().decode("latin-1"), "recording file")
 
 
+@pytest.mark.slow
 def test_secrets_never_reach_the_exporter(secret_target):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "loadertop", "export", str(secret_target.pid), "--listen",
@@ -122,6 +123,7 @@ def test_a_report_is_never_written_through_a_symlink(tmp_path):
     os.remove(fallback)
 
 
+@pytest.mark.slow
 def test_a_hung_py_spy_times_out_with_a_notice_and_sampling_goes_on(job):
     from loadertop.probes.stacks import StackSampler
     from loadertop.sampler import Sampler
@@ -196,6 +198,7 @@ def _zombie_children() -> list[int]:
     return out
 
 
+@pytest.mark.slow
 def test_hundreds_of_workers_churning_leave_loadertop_flat(job):
     """An hour of epoch-by-epoch respawns, compressed: one-batch epochs without persistent
     workers re-create both workers several times a second. Everything loadertop keeps per

@@ -153,6 +153,7 @@ def test_unwritable_location_disables_with_one_warning():
     assert len(caught) == 1 and "disabled" in str(caught[0].message)
 
 
+@pytest.mark.slow
 def test_exact_figure_equals_the_scripts_own(job):
     j = job("--workers", "1", "--persistent", "--item-ms", "6", "--batch-size", "8", "--step-ms", "10", "--watch")
     j.wait_ready()
@@ -171,6 +172,7 @@ def test_exact_figure_equals_the_scripts_own(job):
     assert "input_bound" in {f["id"] for f in report["findings"]}
 
 
+@pytest.mark.slow
 def test_two_loaders_are_told_apart(job):
     j = job("--workers", "2", "--persistent", "--epoch-items", "40", "--val-workers", "1", "--watch")
     j.wait_ready()
@@ -180,6 +182,7 @@ def test_two_loaders_are_told_apart(job):
     assert sorted(loader["num_workers"] for loader in loaders) == [1, 2]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _nobody_can_run_system_python(), reason="needs root, runuser and /usr/bin/python3")
 def test_another_user_without_ptrace_still_gets_exact_data_wait(job, world_readable_loadertop):  # noqa: F811
     j = job("--workers", "1", "--persistent", "--item-ms", "6", "--batch-size", "8", "--step-ms", "10", "--watch")
@@ -371,6 +374,7 @@ def test_a_full_dev_shm_disables_the_hook_instead_of_killing_the_job():
     assert r.stdout.split() == ["6", "1", "True"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not shutil.which("unshare"), reason="needs unshare")
 def test_a_trainer_in_its_own_pid_namespace_is_matched_through_nspid(job):
     """In a container the hook names its file with the container's pid; the host reads the

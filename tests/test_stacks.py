@@ -193,6 +193,7 @@ def _report(pid: int, duration: int = 8) -> dict:
     return report
 
 
+@pytest.mark.slow
 def test_starved_job_reads_higher_than_healthy_and_near_its_truth(job):
     starved = job("--workers", "1", "--persistent", "--item-ms", "12", "--batch-size", "8", "--step-ms", "10")
     starved.wait_ready()
@@ -219,6 +220,7 @@ def test_starved_job_reads_higher_than_healthy_and_near_its_truth(job):
                              "worker_pids": [s["workers"][0]["pid"]]}]
 
 
+@pytest.mark.slow
 def test_worker_ids_match_the_dataloader(job):
     j = job("--workers", "3", "--persistent", "--item-ms", "5", "--iterable")
     j.wait_ready()
@@ -228,6 +230,7 @@ def test_worker_ids_match_the_dataloader(job):
     assert trainer["loaders"][0]["dataset_class"] == "StreamData"
 
 
+@pytest.mark.slow
 def test_num_workers_0_is_main_process_bound(job):
     j = job("--workers", "0", "--item-ms", "6", "--batch-size", "8", "--step-ms", "5")
     j.wait_ready()
@@ -236,6 +239,7 @@ def test_num_workers_0_is_main_process_bound(job):
     assert dw["main_process_fraction"] > 0.3 and dw["main_process_fraction"] > 5 * dw["worker_wait_fraction"]
 
 
+@pytest.mark.slow
 def test_target_that_exits_mid_window_keeps_its_samples(job):
     j = job("--workers", "1", "--persistent", "--item-ms", "12", "--duration", "5")
     j.wait_ready()
@@ -244,6 +248,7 @@ def test_target_that_exits_mid_window_keeps_its_samples(job):
     assert trainer["data_wait"] is not None and trainer["data_wait"]["samples"] > 5
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _nobody_can_run_system_python(), reason="needs root, runuser and /usr/bin/python3")
 def test_unprivileged_run_gives_null_and_the_fix(job, world_readable_loadertop):  # noqa: F811
     pyspy = stacks.find_pyspy()
@@ -267,6 +272,7 @@ def test_unprivileged_run_gives_null_and_the_fix(job, world_readable_loadertop):
     assert "another user" in notice["message"] and "root" in notice["fix"]
 
 
+@pytest.mark.slow
 def test_duty_cycle_dumps_new_workers_at_once_and_counts_a_stall_across_gaps(job):
     """The live view's py-spy settings: a window every few seconds and rare dumps. Workers
     found on attach still get their arguments within seconds, and a loop that waited all
@@ -336,6 +342,7 @@ def test_a_py_spy_that_cannot_run_is_a_notice_and_the_thread_goes_on(tmp_path):
         sampler.close()
 
 
+@pytest.mark.slow
 def test_py_spy_is_never_pointed_at_a_pid_whose_process_changed(job):
     """The start time given for a pid is checked before py-spy reads it: a pid reused by
     another process (here: an identity that does not match) is never sampled, and what was

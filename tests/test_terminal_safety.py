@@ -134,6 +134,7 @@ def hostile_job(job):
     return j
 
 
+@pytest.mark.slow
 def test_escape_sequences_in_a_command_line_never_reach_the_terminal_or_a_report(job, tmp_path):
     j = hostile_job(job)
     views = {
