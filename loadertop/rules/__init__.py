@@ -125,6 +125,7 @@ class Diagnoser:
             del self._states[key]
         known = {(t.pid, t.started_at) for t in snap.trainers}
         self.plans = {k: v for k, v in self.plans.items() if k in known}
+        self.failed = {k: v for k, v in self.failed.items() if k[1] in {pid for pid, _ in known}}
         return self.findings()
 
     def _failed(self, rule_id: str, pid: int, error: Exception) -> None:
