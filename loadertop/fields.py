@@ -169,13 +169,13 @@ FINDING_LABELS = ["hostname", "trainer_pid", "id", "severity"]
 class Metric:
     name: str
     help: str
-    scope: Literal["host", "trainer", "process", "loader", "finding"]
+    scope: Literal["host", "trainer", "process", "loader"]
     value: Callable[[Any], Any]  # of the HostSnapshot / TrainerSnapshot / ProcessSample / TuneState
 
     @property
     def labels(self) -> list[str]:
-        return {"host": HOST_LABELS, "trainer": TRAINER_LABELS, "process": PROCESS_LABELS, "loader": LOADER_LABELS,
-                "finding": FINDING_LABELS}[self.scope]
+        return {"host": HOST_LABELS, "trainer": TRAINER_LABELS, "process": PROCESS_LABELS,
+                "loader": LOADER_LABELS}[self.scope]
 
 
 @dataclass(frozen=True)
@@ -237,8 +237,8 @@ TUNE_STATE = Series("loadertop_tune_state", "1 for the in-place tuner's state: w
                     "settled or off", (*LOADER_LABELS, "state"))
 TUNE_DECISIONS = Series("loadertop_tune_decisions", "decisions the in-place tuner made, by action (try, keep, "
                         "revert, settle, off)", (*LOADER_LABELS, "action"))
-FINDING_METRIC = Metric("loadertop_finding", "1 for each active finding, by id and severity", "finding",
-                        lambda finding: 1.0)
+FINDING_METRIC = Series("loadertop_finding", "1 for each active finding, by id and severity",
+                        tuple(FINDING_LABELS))
 PROCESS_INFO = Series("loadertop_process_info", "1 for each watched process: its pid, by worker_id and role",
                       (*PROCESS_LABELS, "pid"))
 LAST_SAMPLE = Series("loadertop_last_sample_timestamp_seconds",
@@ -252,8 +252,9 @@ def metrics_table() -> str:
     the document holds exactly this)."""
     rows = ["| metric | labels | meaning |", "|---|---|---|"]
     described: list[tuple[str, list[str] | tuple[str, ...], str]] = [
-        *((m.name, m.labels, m.help) for m in (*EXPORTED, *TUNE_EXPORTED, FINDING_METRIC)),
-        *((s.name, s.labels, s.help) for s in (TUNE_STATE, TUNE_DECISIONS, PROCESS_INFO, LAST_SAMPLE, SAMPLE_ERRORS)),
+        *((m.name, m.labels, m.help) for m in (*EXPORTED, *TUNE_EXPORTED)),
+        *((s.name, s.labels, s.help) for s in (FINDING_METRIC, TUNE_STATE, TUNE_DECISIONS, PROCESS_INFO, LAST_SAMPLE,
+                                               SAMPLE_ERRORS)),
     ]
     for name, labels, help_text in described:
         shown = ", ".join(f"`{label}`" for label in labels) or "none"

@@ -142,7 +142,7 @@ class Exporter:
                     families[metric.name].add_metric([host], float(value))
         yield from families.values()
         yield info
-        active = GaugeMetricFamily(FINDING_METRIC.name, FINDING_METRIC.help, labels=FINDING_METRIC.labels)
+        active = GaugeMetricFamily(FINDING_METRIC.name, FINDING_METRIC.help, labels=list(FINDING_METRIC.labels))
         for f in findings:
             active.add_metric([host, str(f.trainer_pid or ""), f.id, f.severity], 1.0)
         yield active
