@@ -254,3 +254,54 @@ def test_ranks_that_share_the_nodes_cpus_tune_within_their_share(monkeypatch):
     me.cpu_set = (0, 1, 2, 3)  # pinned to half the node by its launcher: its own four
     pinned = me.budget(first, last, used=0.8)
     assert pinned.cpus == pytest.approx(4.0) and pinned.limit == "cpus"
+
+
+def test_a_change_waits_for_the_epoch_end_unless_the_loader_restores_its_exact_place():
+    torch = pytest.importorskip("torch")
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    from loadertop.autotune import loader as L
+
+    class Items(torch.utils.data.Dataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            return i
+
+    class Stateful(Items):
+        def state_dict(self):
+            return {}
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(8))
+
+    SDL = stateful.StatefulDataLoader
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torchdata's own deprecation notices
+        assert L.why_not_mid_epoch(SDL(Items(), batch_size=2, shuffle=True, num_workers=1)) is None
+        assert L.why_not_mid_epoch(SDL(Items(), batch_size=2, num_workers=1)) is None
+        assert "sampler (RandomSampler) would draw its order again" in L.why_not_mid_epoch(
+            SDL(Items(), batch_size=2, sampler=torch.utils.data.RandomSampler(Items()), num_workers=1))
+        assert "IterableDataset" in L.why_not_mid_epoch(SDL(Stream(), batch_size=2, num_workers=1))
+        assert "state of its own" in L.why_not_mid_epoch(SDL(Stateful(), batch_size=2, num_workers=1))
+        assert "in_order=False" in L.why_not_mid_epoch(SDL(Items(), batch_size=2, num_workers=1, in_order=False))
+        assert "StatefulDataLoader" in L.why_not_mid_epoch(torch.utils.data.DataLoader(Items(), num_workers=1))
+
+
+def test_with_warnings_as_errors_the_tuner_still_never_raises_into_the_loop(caplog):
+    class Broken:
+        _base_seed = 7
+
+        def _shutdown_workers(self):
+            raise RuntimeError("the old workers would not stop")
+
+    t, _ = make_tuner()
+    t.config = lambda: {"persistent_workers": True}
+    loader = Loader(workers=1, persistent=True)
+    loader._iterator = Broken()
+    with warnings.catch_warnings(), caplog.at_level("WARNING", logger="loadertop.tune"):
+        warnings.simplefilter("error")  # `python -W error`, a test suite's filters
+        drive(t, loader, 8, lambda n: 0.08 / min(n, 4), wait_share=0.75)
+    assert t.state == "off" and loader.num_workers == 1
+    assert any("would not stop" in r.getMessage() for r in caplog.records)

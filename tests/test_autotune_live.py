@@ -101,3 +101,49 @@ def test_a_full_dev_shm_or_an_unreadable_proc_turns_the_tuner_off_with_one_warni
     assert "keeps num_workers=1" in out["warnings"][0]
     assert out["tune"]["state"] == "off" and set(out["workers"]) == {1}
     assert len(out["batches"]) == 4 * 40  # the loop went on to its end
+
+
+KINDS = {  # the loaders the tuner touches, each over a map-style and a sharded iterable dataset
+    "map": (), "sharded-iterable": ("--iterable",),
+    "stateful-map": ("--stateful",), "stateful-sharded-iterable": ("--stateful", "--iterable"),
+}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_every_item_of_every_epoch_once_across_a_change_and_across_a_change_that_fails(kind):
+    """Persistent workers or not, a change that starts and one whose start fails (the loop goes
+    on at the setting that ran, from the same place): each epoch yields every item exactly
+    once, and a map-style loader the very batches of the untuned loop."""
+    if "--stateful" in KINDS[kind] and importlib.util.find_spec("torchdata") is None:
+        pytest.skip("needs torchdata (the test extras)")
+    common = (*KINDS[kind], "--epochs", "4", "--items", "320")
+    # The untuned loops, persistent or not (a persistent loader draws no seed for its workers
+    # at each epoch, so its shuffles differ).
+    runs = {False: start(*common), True: start(*common, "--persistent")}
+    for persistent in (False, True):
+        for fails in (False, True):
+            extra = (*(["--persistent"] if persistent else []), *(["--fail-change"] if fails else []))
+            runs[(persistent, fails)] = start(*common, *extra, *FAST)
+    try:
+        out = {name: result(proc) for name, proc in runs.items()}
+    finally:
+        for p in runs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+    for name, o in out.items():
+        assert len(o["epochs"]) == 4, name
+        for epoch in o["epochs"]:
+            assert sorted(epoch) == list(range(320)), (name, len(epoch), len(set(epoch)))
+        if not isinstance(name, tuple):
+            continue
+        persistent, fails = name
+        if "--iterable" not in KINDS[kind]:
+            assert o["batches"] == out[persistent]["batches"], name
+        if fails:
+            assert len(o["warnings"]) == 1 and "could not start" in o["warnings"][0], o["warnings"]
+            assert "No space left" in o["warnings"][0] and "the loader keeps num_workers=1" in o["warnings"][0]
+            assert set(o["workers"]) == {1}, o["tune"]
+        else:
+            assert o["warnings"] == [] and len(set(o["workers"])) > 1, o["tune"]
+        if "--iterable" in KINDS[kind]:  # its workers hold places in their streams: only between epochs
+            assert all(len(counts) == 1 for counts in o["epoch_workers"]), (name, o["epoch_workers"])

@@ -415,6 +415,41 @@ def test_a_hook_file_truncated_under_the_job_never_kills_it(tmp_path):
     assert r.stdout.strip() == "1000"
 
 
+def test_a_truncated_hook_file_is_written_whole_again_and_read_from_then_on(tmp_path):
+    # Once truncated, the file stayed unreadable for the rest of the run (no header, no settings).
+    loader = lt.watch(Loader(list(range(100))), name="cut-again", directory=str(tmp_path))
+    path = loader._pub.path
+    it = iter(loader)
+    for _ in range(10):
+        next(it)
+    __import__("os").truncate(path, 0)
+    loader._pub.checked -= 2.0  # a second has passed since the last look at the file
+    for _ in range(5):
+        next(it)
+    h = read_hook(path)
+    assert h["batches"] == 15 and h["config"]["dataset_class"] == "object"
+
+
+def test_watch_never_raises_into_a_script_that_runs_with_warnings_as_errors(caplog):
+    with warnings.catch_warnings(), caplog.at_level("WARNING", logger="loadertop"):
+        warnings.simplefilter("error")  # `python -W error`, pytest's filterwarnings = error
+        loader = lt.watch(Loader([1, 2]), directory="/nonexistent/dir")
+        assert list(loader) == [1, 2]
+    assert any("disabled" in r.getMessage() for r in caplog.records)
+
+
+def test_a_watched_loader_can_be_copied_and_pickled(tmp_path):
+    import copy
+    import pickle
+
+    loader = lt.watch(Loader([1, 2, 3]), name="copied", directory=str(tmp_path))
+    for other in (copy.copy(loader), copy.deepcopy(loader), pickle.loads(pickle.dumps(loader))):
+        assert list(other) == [1, 2, 3] and other.batch_size == 4
+        assert type(other) is type(loader) and other._name == "copied"
+    h = read_hook(hook_path(__import__("os").getpid(), "copied", str(tmp_path)))
+    assert h["batches"] == 9  # the copies go on with the same figures, under the same name
+
+
 @pytest.mark.unit
 @pytest.mark.parametrize("field,value,why", [
     ("batch_bytes", 2**64 - 1, "out of range"),

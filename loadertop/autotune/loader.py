@@ -17,7 +17,9 @@ are ever set here. What else a change must respect:
   change mid-epoch: the state is the sampler's position and, per worker, the dataset's
   (none for a map-style dataset that keeps no state), so the same position with another
   count yields the same batches in the same order (tests/test_autotune_live.py proves it
-  for the installed torchdata).
+  for the installed torchdata). Only there: an IterableDataset's workers each hold a place
+  in their own stream, which no other count can take over (a switch repeated items), and
+  a sampler that is not restored exactly is drawn again; those wait for the epoch's end.
 
 Accelerate's DataLoaderShard keeps the DataLoader it wraps in `base_dataloader`: settings go
 to that one. torch is never imported here: its module is taken from the training script's.
@@ -63,7 +65,7 @@ def why_not_tunable(loader, shards_by_worker: bool) -> str | None:
         if not hasattr(loader, attr):
             return f"{type(loader).__name__} has no {attr}: not a torch DataLoader"
     dataset = loader.dataset
-    iterable = any(c.__name__ == "IterableDataset" for c in type(dataset).__mro__)
+    iterable = _iterable(dataset)
     if iterable and not shards_by_worker:
         return (f"{type(dataset).__name__} is an IterableDataset: each worker yields its own stream, so the "
                 "worker count changes what the loop sees; pass shards_by_worker=True if it shards by "
@@ -113,6 +115,28 @@ def private_seed(loader, seed: int):
         loader.generator = original
 
 
+def rng_states(loader) -> list | None:
+    """The states of the generators an iterator's start may draw from (torch's global one,
+    the loader's, its sampler's): a start that failed is tried again from the same draws, so
+    the retry yields what the first try would have."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    generators = [loader.generator, getattr(loader.sampler, "generator", None),
+                  getattr(getattr(loader.batch_sampler, "sampler", None), "generator", None)]
+    unique = {id(g): g for g in generators if g is not None and hasattr(g, "get_state")}
+    return [(None, torch.get_rng_state())] + [(g, g.get_state()) for g in unique.values()]
+
+
+def set_rng_states(states: list | None) -> None:
+    torch = sys.modules.get("torch")
+    for generator, state in states or ():
+        if generator is None and torch is not None:
+            torch.set_rng_state(state)
+        else:
+            generator.set_state(state)
+
+
 @contextmanager
 def quiet_worker_count():
     """torch warns at each iterator that more workers than CPUs may be slow: the tuner measured
@@ -122,15 +146,51 @@ def quiet_worker_count():
         yield
 
 
-def can_switch_mid_epoch(loader, new: Knobs) -> bool:
-    """A StatefulDataLoader over a map-style dataset that keeps no state of its own, from
-    workers to workers: its saved place carries over to another count."""
-    if not is_stateful(loader) or getattr(loader, "_iterator", None) is None:
-        return False
+def _iterable(dataset) -> bool:
+    return any(c.__name__ == "IterableDataset" for c in type(dataset).__mro__)
+
+
+def _replays_the_same(sampler) -> bool:
+    """A sampler whose place torchdata restores exactly: one with a state of its own, one of
+    torchdata's (its iterator saves the permutation), or a sequential one. Any other is fast-
+    forwarded by drawing it again, and a random one then draws another order."""
+    if sampler is None:
+        return True
+    kind = type(sampler)
+    return (hasattr(sampler, "state_dict") and hasattr(sampler, "load_state_dict")) \
+        or kind.__module__.split(".")[0] == "torchdata" or kind.__name__ == "SequentialSampler"
+
+
+def why_not_mid_epoch(loader) -> str | None:
+    """None where a change mid-epoch is proven to keep the items and their order (a
+    StatefulDataLoader over a map-style dataset that keeps no state, in order, whose
+    sampler's place is restored exactly: tests/test_autotune_live.py), else why it waits
+    for the epoch's end."""
+    if not is_stateful(loader):
+        return "only torchdata's StatefulDataLoader can carry its place over to another worker count"
     dataset = loader.dataset
-    if any(c.__name__ == "IterableDataset" for c in type(dataset).__mro__) or hasattr(dataset, "state_dict"):
+    if _iterable(dataset):
+        return (f"{type(dataset).__name__} is an IterableDataset: its workers' places in their streams do not "
+                "carry over to another count")
+    if hasattr(dataset, "state_dict"):
+        return f"{type(dataset).__name__} keeps a state of its own per worker"
+    if not getattr(loader, "in_order", True):
+        return "the loader yields out of order (in_order=False)"
+    sampler = getattr(loader, "sampler", None)
+    if not _replays_the_same(sampler):
+        return f"its sampler ({type(sampler).__name__}) would draw its order again on restore"
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    if batch_sampler is not None and not _replays_the_same(batch_sampler) \
+            and type(batch_sampler).__name__ != "BatchSampler":
+        return f"its batch sampler ({type(batch_sampler).__name__}) would draw its order again on restore"
+    return None
+
+
+def can_switch_mid_epoch(loader, new: Knobs) -> bool:
+    """This loader, now, from workers to workers: its saved place carries over to `new`."""
+    if why_not_mid_epoch(loader) is not None or getattr(loader, "_iterator", None) is None:
         return False
-    return loader.num_workers > 0 and new.num_workers > 0 and getattr(loader, "in_order", True)
+    return loader.num_workers > 0 and new.num_workers > 0
 
 
 def translate_state(state: dict, num_workers: int) -> dict:
@@ -148,15 +208,27 @@ def translate_state(state: dict, num_workers: int) -> dict:
 
 def switch(loader, knobs: Knobs):
     """Change a StatefulDataLoader's count mid-epoch: save its place, shut its workers down,
-    restore the place with the new count. Returns the new iterator."""
-    state = translate_state(loader.state_dict(), knobs.num_workers)
+    restore the place with the new count. Returns (the iterator to go on with, None), or,
+    where the new count could not start (a full /dev/shm), (an iterator at the count that
+    ran, from the same place, the error). Raises only when that fails too: the loop must
+    never be handed an iterator that is shut down."""
+    ran = knobs_of(loader)
+    saved = loader.state_dict()
+    state = translate_state(saved, knobs.num_workers)
     seed = base_seed(loader)
     iterator = loader._iterator
     loader._iterator = None
     iterator._shutdown_workers()
+    try:
+        return _restore(loader, knobs, state, seed), None
+    except Exception as e:
+        return _restore(loader, ran, saved, seed), e
+
+
+def _restore(loader, knobs: Knobs, state: dict, seed: int):
     loader.num_workers = knobs.num_workers
-    loader.prefetch_factor = knobs.prefetch_factor
+    if knobs.num_workers:
+        loader.prefetch_factor = knobs.prefetch_factor
     loader.load_state_dict(state)
     with private_seed(loader, seed), quiet_worker_count():
         return iter(loader)
-

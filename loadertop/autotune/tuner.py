@@ -86,8 +86,11 @@ class Tuner:
         self.apply_ns = 0  # time changes took in the loop: old workers shut down, a StatefulDataLoader restored
         self.worker_pids: list[int] = []
         self.find_workers = False  # look the workers up at the segment's first batch
-        self.mid_epoch = False  # the loader can change mid-epoch (StatefulDataLoader)
+        self.mid_epoch = False  # the loader can change mid-epoch (StatefulDataLoader, where proven)
+        self.ran: Knobs | None = None  # the setting the last iterator ran at (a failed start goes back to it)
+        self.rng: list | None = None  # the RNG states before a changed iterator starts (for its retry)
         self.restore: tuple | None = None  # (loader, seed): the next iterator's workers' private seed
+        self.retry: tuple | None = None  # that seed, for a retry of a start that failed
         self.armed: ExitStack | None = None  # that seed in place while a framework builds the iterator
         self.pending: Knobs | None = None  # the setting to go back to at the next boundary (off)
         self.last_rate: float | None = None
@@ -103,6 +106,8 @@ class Tuner:
         """An epoch boundary: the loader is about to build its next iterator (`framework`:
         a framework builds it, out of `building()`'s reach)."""
         self.last_ns = None
+        self.loader = loader
+        self.ran = self.rng = None
         self._release()
         if self.state == "off":
             self._go_back(loader)
@@ -118,15 +123,43 @@ class Tuner:
                 self.explorer = Explorer(self.started_with)
                 self._publish()
             self.epoch += 1
+            if self.skip >= 1 << 62:  # a setting that waited for this boundary: measured from its first batch
+                self.skip = 1
             if not self.idle and self._stretch_done(MIN_STRETCH_S):
                 self._decide()
-            self.mid_epoch = not framework and inner is loader and L.is_stateful(inner)
+            self.mid_epoch = not framework and inner is loader and self._mid_epoch(inner)
+            self.ran = L.knobs_of(inner)
             with self._applying():
                 self._apply(inner)
+            self.rng = L.rng_states(inner) if L.knobs_of(inner) != self.ran else None
             if framework and self.restore is not None:
                 self.armed = ExitStack()  # until the framework's iterator gives its first batch
                 self.armed.enter_context(L.private_seed(*self.restore))
                 self.restore = None
+
+    def _mid_epoch(self, inner) -> bool:
+        why = L.why_not_mid_epoch(inner)
+        if why is not None and L.is_stateful(inner) and self.epoch == 1:
+            log.info("loadertop tune %s: changes at epoch boundaries only: %s", self.name, why)
+        return why is None
+
+    def rebuild(self, loader, error: Exception):
+        """The loader's iterator failed to start at the setting the tuner just gave it (a full
+        /dev/shm): start it at the setting that ran, from the same RNG draws, and turn the
+        tuner off. Re-raises where the tuner changed nothing or that start fails too: the
+        loop is never handed an iterator that is shut down."""
+        inner = L.innermost(loader)
+        ran, tried = self.ran, L.knobs_of(inner)
+        if ran is None or ran == tried:
+            raise error
+        L.apply(inner, ran)
+        L.set_rng_states(self.rng)
+        self._off(f"could not start {tried.label()}: {type(error).__name__}: {error}", running=ran)
+        with ExitStack() as stack:
+            if self.retry is not None:
+                stack.enter_context(L.private_seed(*self.retry))
+            stack.enter_context(L.quiet_worker_count())
+            return iter(loader)
 
     def _release(self) -> None:
         if self.armed is not None:
@@ -139,6 +172,7 @@ class Tuner:
         seed from a private generator; torch's more-workers-than-CPUs warning is the
         tuner's own measured choice."""
         restore, self.restore = self.restore, None
+        self.retry = restore
         if restore is None:
             with L.quiet_worker_count():
                 yield
@@ -199,16 +233,38 @@ class Tuner:
             self._read()  # the pair of this set of workers, before they go with the epoch
 
     def switch(self, loader):
-        """A mid-epoch decision for a StatefulDataLoader; returns the iterator to go on with."""
+        """A mid-epoch decision for a StatefulDataLoader; returns the iterator to go on with.
+        A setting this loader cannot take mid-epoch waits for the epoch's end; one that fails
+        to start leaves the loop at the setting that ran, from the same place (L.switch)."""
         iterator = loader._iterator
-        with self._timed(), self._guarded():
-            self._decide()
-            if self.explorer is not None and self.explorer.current != L.knobs_of(loader):
+        target: Knobs | None = None
+        with self._timed():
+            with self._guarded():
+                self._decide()
+                ran = L.knobs_of(loader)
+                if self.explorer is not None and self.explorer.current != ran and not self.idle:
+                    target = self.explorer.current
+                    if not L.can_switch_mid_epoch(loader, target):
+                        self._wait_for_the_boundary()
+                        target = None
+            if target is not None:
+                # Outside the guard: where no setting can go on, the error is the loop's.
                 with self._applying():
-                    iterator = L.switch(loader, self.explorer.current)
+                    iterator, failed = L.switch(loader, target)
                 self.worker_pids = self.workers_of(iterator)
+                if failed is not None:
+                    self._off(f"could not start {target.label()} mid-epoch: {type(failed).__name__}: {failed}",
+                              running=ran)
         self.last_ns = self.clock()
         return iterator
+
+    def _wait_for_the_boundary(self) -> None:
+        """The new setting starts with the next iterator: nothing is measured until then, where
+        the batches would be credited to a setting that is not running."""
+        self.mid_epoch = False
+        self.skip = 1 << 62
+        self.durations = []
+        self.readings = []
 
     # --- measuring ----------------------------------------------------------------------
 
@@ -322,6 +378,7 @@ class Tuner:
         try:
             inner = L.innermost(loader)
             seed = L.base_seed(inner)
+            self.ran, self.rng = L.knobs_of(inner), L.rng_states(inner)
             if L.apply(inner, target):
                 self.restore = (inner, seed)
         except Exception as e:  # the loader stays as it is: the loop must go on
@@ -387,20 +444,32 @@ class Tuner:
         except Exception as e:
             self._off(str(e) if isinstance(e, TunerOff) else f"{type(e).__name__}: {e}")
 
-    def _off(self, reason: str) -> None:
+    def _off(self, reason: str, running: Knobs | None = None) -> None:
+        """Off with one warning, naming the setting the loader really has (`running`, where it
+        is not the explorer's: a change that failed to start) and the one it goes back to."""
         if self.state == "off":
             return
         explorer = self.explorer
-        if explorer is not None and explorer.trial is not None:
-            self.pending = explorer.kept  # the trial was not measured good: back at the next boundary
         keeps = explorer.kept if explorer else None
+        now = running or self._running() or (explorer.current if explorer else None)
+        if keeps is not None and now is not None and now != keeps:
+            self.pending = keeps  # not measured good: back at the next boundary
         self.state, self.reason = "off", reason
-        self._record(Decision("off", keeps, keeps, reason=reason))
+        self._record(Decision("off", now, keeps, reason=reason))
         self._publish()
         text = f"loadertop tune {self.name}: off ({reason})"
-        if keeps is not None:
-            text += f"; the loader keeps {keeps.label()}"
-        warnings.warn(text, RuntimeWarning, stacklevel=4)
+        if now is not None and self.pending is not None and self.pending != now:
+            text += f"; the loader runs {now.label()} until this epoch ends, then {self.pending.label()}"
+        elif now is not None:
+            text += f"; the loader keeps {now.label()}"
+        _warn_once(text)
+
+    def _running(self) -> Knobs | None:
+        """The setting the loader has now (its next iterator's, at a boundary)."""
+        try:
+            return L.knobs_of(L.innermost(self.loader)) if self.loader is not None else None
+        except Exception:
+            return None
 
     def _workers(self, loader, iterator) -> list[int]:
         """The workers of the loader being tuned: its iterator's, else this process's
@@ -412,6 +481,15 @@ class Tuner:
         children = procfs.children(os.getpid())
         named = [p for p in children if (st := procfs.read_stat(p)) is not None and st.comm == WORKER_COMM]
         return named or children
+
+
+def _warn_once(text: str) -> None:
+    """The one warning, never raised into the loop: with warnings as errors (`-W error`, a
+    test suite's filters) it goes to the log instead."""
+    try:
+        warnings.warn(text, RuntimeWarning, stacklevel=5)
+    except Exception:
+        log.warning("%s", text)
 
 
 def _settle(knobs: Knobs) -> int:

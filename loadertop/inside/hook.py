@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import json
+import logging
 import os
 import secrets
 import stat
@@ -37,6 +38,15 @@ from ..hookfile import (
 )
 
 _names = itertools.count()
+
+
+def _warn(text: str) -> None:
+    """A warning that never raises into the training script: with warnings as errors (`-W
+    error`, a test suite's filters) it goes to the log instead."""
+    try:
+        warnings.warn(text, RuntimeWarning, stacklevel=4)
+    except Exception:
+        logging.getLogger("loadertop").warning("%s", text)
 
 
 def _batch_bytes(batch, depth: int = 0) -> int:
@@ -173,6 +183,7 @@ class _Publisher:
         self.first = 0.0
         self.last = 0.0
         self.batch_bytes = 0
+        self.started = self.checked = time.time()
         self.tuner: Any = None  # the in-place tuner of this name (watch(..., tune=True)), kept across re-watching
         try:
             self.path, fd = _create_own(self.path)
@@ -183,13 +194,8 @@ class _Publisher:
                 os.posix_fallocate(fd, 0, SIZE)
                 if os.fstat(fd).st_uid != os.geteuid():
                     raise OSError(f"{self.path} is not ours")
-                blob = json.dumps(config, default=str).encode()
-                if len(blob) > SIZE - CONFIG_AT:
-                    blob = b"{}"
-                now = time.time()
-                self.config_len = len(blob)
-                os.pwrite(fd, HEADER.pack(MAGIC, os.getpid(), now, now, 0, 0, 0.0, 0.0, 0, len(blob), 0.0), 0)
-                os.pwrite(fd, blob, CONFIG_AT)
+                self.started = time.time()
+                self._write_page(fd)
             except BaseException:
                 os.close(fd)
                 _unlink(self.path)
@@ -198,7 +204,31 @@ class _Publisher:
             atexit.register(self.close)
         except (OSError, ValueError) as e:
             self.fd = None
-            warnings.warn(f"loadertop.watch disabled: cannot write {self.path} ({e})", RuntimeWarning, stacklevel=4)
+            _warn(f"loadertop.watch disabled: cannot write {self.path} ({e})")
+
+    def _write_page(self, fd: int) -> None:
+        """The whole page: header, counters and settings (at creation, and again where the
+        file was truncated under the job)."""
+        blob = json.dumps(self.config, default=str).encode()
+        if len(blob) > SIZE - CONFIG_AT:
+            blob = b"{}"
+        self.config_len = len(blob)
+        os.pwrite(fd, HEADER.pack(MAGIC, os.getpid(), self.started, self.last or self.started, self.wait_ns,
+                                  self.batches, self.first, self.last, self.batch_bytes, len(blob), 0.0), 0)
+        os.pwrite(fd, blob, CONFIG_AT)
+
+    def _check(self, now: float) -> None:
+        """Once a second: a file truncated under the job (its own user's cleanup) is written
+        whole again, so the monitor reads it from the next tick on."""
+        self.checked = now
+        if self.fd is None:
+            return
+        try:
+            if os.fstat(self.fd).st_size < SIZE:
+                os.posix_fallocate(self.fd, 0, SIZE)
+                self._write_page(self.fd)
+        except Exception:  # the hook must never break training: it stops publishing
+            self._stop()
 
     def _write(self, data: bytes, offset: int) -> None:
         if self.fd is None:
@@ -277,6 +307,8 @@ class _Publisher:
             self._stop()
             return
         self._write(data, COUNTERS_AT)
+        if now - self.checked >= 1.0:
+            self._check(now)
 
     def close(self) -> None:
         if self.fd is not None:
@@ -374,8 +406,16 @@ class WatchedLoader:
         self._loader = loader
         self._name = name or f"loader{next(_names)}"
         self._directory = directory
+        self._shards_by_worker = shards_by_worker
         self._pub = publisher(self._name, _config(loader), directory)
         self._tuner = tuner_of(self._pub, self._name, shards_by_worker) if tune else None
+
+    def __reduce__(self):
+        # A copy (copy.copy, a framework re-instantiating its loaders, a pickle to another
+        # process) is the loader watched again under the same name: in this process it goes
+        # on with the same figures and tuner, elsewhere it starts its own file.
+        return (WatchedLoader, (self._loader, self._name, self._directory, self._tuner is not None,
+                                self._shards_by_worker))
 
     def __iter__(self):
         tuner = self._tuner
@@ -384,8 +424,11 @@ class WatchedLoader:
             self._pub.publish_workers(worker_pids(it))
             return _Iterator(it, self._pub)
         tuner.boundary(self._loader)
-        with tuner.building():
-            it = iter(self._loader)
+        try:
+            with tuner.building():
+                it = iter(self._loader)
+        except Exception as e:
+            it = tuner.rebuild(self._loader, e)  # at the setting that ran, or the loop's own error
         self._pub.publish_workers(worker_pids(it))
         tuner.begin(self._loader, it)
         return _TunedIterator(it, self._pub, tuner, self._loader)
@@ -394,7 +437,12 @@ class WatchedLoader:
         return len(self._loader)
 
     def __getattr__(self, name):
+        if name in _OWN or name.startswith("__"):  # not set yet (a copy being built): never recurse
+            raise AttributeError(name)
         return getattr(self._loader, name)
+
+
+_OWN = frozenset({"_loader", "_name", "_directory", "_pub", "_tuner", "_shards_by_worker"})
 
 
 def tuner_of(pub: _Publisher, name: str, shards_by_worker: bool = False):
@@ -406,6 +454,6 @@ def tuner_of(pub: _Publisher, name: str, shards_by_worker: bool = False):
             pub.tuner = Tuner(name, pub.publish_tune, lambda: {**pub.config, "batch_bytes": pub.batch_bytes or None},
                               shards_by_worker=shards_by_worker, workers_of=worker_pids)
         except Exception as e:  # the hook must never break training: watched, not tuned
-            warnings.warn(f"loadertop tune {name}: off ({type(e).__name__}: {e})", RuntimeWarning, stacklevel=4)
+            _warn(f"loadertop tune {name}: off ({type(e).__name__}: {e})")
             return None
     return pub.tuner
