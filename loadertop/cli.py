@@ -419,10 +419,17 @@ def _every_interface(host: str) -> bool:
         infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP, flags=socket.AI_NUMERICHOST)
     except (socket.gaierror, UnicodeError, ValueError):
         try:
-            return ipaddress.ip_address(name).is_unspecified
+            return _unspecified(ipaddress.ip_address(name))
         except ValueError:
             return False  # a host name: it resolves to its own addresses
-    return any(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_unspecified for info in infos)
+    return any(_unspecified(ipaddress.ip_address(str(info[4][0]).split("%")[0])) for info in infos)
+
+
+def _unspecified(address) -> bool:
+    """The unspecified address, also as IPv4 mapped into IPv6 (::ffff:0.0.0.0 binds every IPv4
+    interface)."""
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_unspecified or (mapped is not None and mapped.is_unspecified)
 
 
 def cmd_export(args: argparse.Namespace) -> int:

@@ -12,17 +12,38 @@ from __future__ import annotations
 
 import os
 import random
+import secrets
+import stat
 
 import torch
 
 SIDE = 224  # the crop the model sees, as ImageNet's
 
 
+class UnsafeFolder(OSError):
+    """The image folder is not this user's own: writing there could overwrite another's files."""
+
+
+def private_folder(folder: str) -> str:
+    """folder, made or checked as this user's own: a real directory (not a link), owned by
+    the user who writes into it, that no one else may write to. Another user who made it
+    first (the default lives in the shared /tmp) could plant links where the images go."""
+    try:
+        os.mkdir(folder, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise UnsafeFolder(f"{folder} is not a folder of this user's that only it may write to: "
+                           "remove it, or give --image-dir a folder of your own")
+    return folder
+
+
 def write_images(folder: str, count: int, width: int = 500, height: int = 375) -> list[str]:
     """`count` JPEGs in `folder` (kept between runs: the same files for every setting)."""
     from PIL import Image, ImageFilter
 
-    os.makedirs(folder, exist_ok=True)
+    private_folder(folder)
     paths = []
     for i in range(count):
         path = os.path.join(folder, f"img-{width}x{height}-{i:05d}.jpg")
@@ -35,9 +56,19 @@ def write_images(folder: str, count: int, width: int = 500, height: int = 375) -
         image = small.resize((width, height), Image.Resampling.BICUBIC).filter(ImageFilter.GaussianBlur(1.5))
         grain = Image.effect_noise((width, height), 24).convert("RGB")
         image = Image.blend(image, grain, 0.15)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        image.save(tmp, "JPEG", quality=90)
-        os.replace(tmp, path)
+        # A name no one can guess, created here and never through a link.
+        tmp = f"{path}.{secrets.token_hex(8)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                image.save(f, "JPEG", quality=90)
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
     return paths
 
 

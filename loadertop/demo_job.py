@@ -226,7 +226,7 @@ def main(argv=None) -> int:
     p.add_argument("--matmuls", type=int, default=4)
     p.add_argument("--images", type=int, default=0,
                    help="items decode one of N real JPEG files with PIL (crop, resize to 224, flip)")
-    p.add_argument("--image-dir", default=os.path.join(tempfile.gettempdir(), "loadertop-demo-images"),
+    p.add_argument("--image-dir", default=os.path.join(tempfile.gettempdir(), f"loadertop-demo-images-{os.geteuid()}"),
                    help="where the JPEG files are written once and kept")
     p.add_argument("--step-matmul", type=int, default=0,
                    help="the step also multiplies two N x N matrices on the loop's torch threads")
@@ -271,7 +271,11 @@ def main(argv=None) -> int:
             args.truth = f"{args.truth}.{os.environ['RANK']}"
     if args.late_start:
         time.sleep(args.late_start)
-    train, val = build(args)
+    try:
+        train, val = build(args)
+    except OSError as e:  # the image folder (demo_images.private_folder): one line, no traceback
+        print(f"loadertop demo job: {e}", file=sys.stderr)
+        return 2
     device = torch.device(args.device)
     width = 256 if device.type == "cpu" else 4096  # on a GPU, a step that keeps it busy
     model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, 10)).to(device)

@@ -161,7 +161,7 @@ TRAINER_LABELS = ["hostname", "trainer_pid", "rank"]
 # worker_id, not the pid: a pid label would make a new series each time a worker is
 # re-created (every epoch without persistent_workers). The pid is in loadertop_process_info.
 PROCESS_LABELS = [*TRAINER_LABELS, "worker_id", "role"]
-LOADER_LABELS = [*TRAINER_LABELS, "loader"]  # a tuned loader, by its dataset class
+LOADER_LABELS = [*TRAINER_LABELS, "loader"]  # a tuned loader, by its watched name (else its dataset class)
 FINDING_LABELS = ["hostname", "trainer_pid", "id", "severity"]
 
 

@@ -294,9 +294,17 @@ class LoaderConfig:
     iterable: bool | None = None
     source: WaitSource = "py-spy"
     tune: TuneState | None = None  # the loader's in-place tuner, where the hook runs one
+    name: str | None = None  # the name it is watched under (the hook's), where it has one
 
     def __post_init__(self) -> None:
         _clean(self, "dataset_class")
+        _clean(self, "name")
+
+    @property
+    def label(self) -> str:
+        """What tells this loader apart from the trainer's others: its watched name, else its
+        dataset's class (two loaders of one class have two names)."""
+        return self.name or self.dataset_class or ""
 
 
 @dataclass(frozen=True)

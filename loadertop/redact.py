@@ -53,26 +53,39 @@ SECRET_WORDS = frozenset({
     "password", "passwd", "pwd", "pw", "pass", "passphrase", "passcode", "secret", "secrets", "token",
     "credential", "credentials", "cred", "creds", "apikey", "apikeys", "auth", "authorization", "signature",
     "sig", "cookie", "cookies", "bearer", "sas", "key", "keys", "privatekey", "accountkey", "authtoken",
-    "pin", "otp", "totp",
+    "pin", "otp", "totp", "jwt",
 })
+# Secret words glued into one with others (--dbpassword, PGPASSWORD, --secretkey): found inside
+# a word, not only as one. Rare false alarms (--secretary) cost a hidden value; a miss costs a
+# credential in a public issue.
+GLUED_SECRETS = ("password", "passwd", "passphrase", "passcode", "secret", "credential", "apikey", "jwt",
+                 "sessionid")
+# ...and a word that ends in "token" (--accesstoken, HFTOKEN) unless a vocabulary's (--padtoken),
+# or in "key" after an owner of keys (--accesskey, --privatekey; not --monkey, --sortkey).
+KEY_OWNERS = frozenset({"api", "secret", "access", "private", "account", "master", "ssh", "encryption",
+                        "signing", "auth", "client", "storage", "sas", "shared", "session", "license", "hmac",
+                        "hash", "json", "gpg", "pgp", "aes", "rsa", "app", "service"})
 # ...unless its last word says it is a count, a size, a setting or where the secret is kept
 # (--max-tokens, --key-size, --api-key-file, --auth-method, --cookie-jar, --sig-figs,
 # --pin-memory); a name whose last word is content or data is the secret itself
 # (--secret-file-content).
 NOT_A_SECRET_LAST = frozenset({
     "tokens", "max", "min", "num", "count", "size", "len", "length", "limit", "budget", "per",
-    "file", "files", "path", "dir", "env", "type", "dim", "vocab", "frames", "jar", "method", "mode", "scheme",
+    "file", "files", "path", "dir", "type", "dim", "vocab", "frames", "jar", "method", "mode", "scheme",
     "provider", "figs", "digits", "memory", "strategy", "format", "algorithm", "name", "names", "prefix",
 })
+# "env" is not among them: --password-file-env may name the variable, or hold the value.
 # A token of a vocabulary (--pad-token, --bos-token-id, --eos_token) and a key that names a
-# field (--image_key, --caption-key, --sort_key) are no secrets.
+# field (--image_key, --caption-key, --sort_key, --dataset-key: which field of a sample to
+# read) are no secrets. --hash-key and --json-key are: a keyed hash's key (HMAC, a salt) and a
+# cloud service account's JSON key; where they name a field, hiding it costs little.
 VOCABULARY = frozenset({"pad", "bos", "eos", "unk", "sep", "cls", "mask", "start", "end", "special", "decoder",
                         "stop", "image", "img", "audio", "video", "added"})
 FIELDS = frozenset({"image", "img", "caption", "label", "labels", "sort", "text", "input", "inputs", "output",
                     "target", "column", "col", "dict", "data", "group", "partition", "join", "primary", "foreign",
                     "dataset", "feature", "features", "audio", "video", "prompt", "answer", "question", "class",
-                    "id", "lookup", "meta", "metadata", "field", "shard", "cache", "hash", "dedup", "sample",
-                    "index", "json", "row", "map", "batch", "sequence", "seq", "attention", "query", "value",
+                    "id", "lookup", "meta", "metadata", "field", "shard", "cache", "dedup", "sample",
+                    "index", "row", "map", "batch", "sequence", "seq", "attention", "query", "value",
                     "random", "rng", "seed", "jax"})
 _WORDS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
 
@@ -82,15 +95,29 @@ def is_secret_name(name: str) -> bool:
     if not words or words[0] == "no" or words[-1] in NOT_A_SECRET_LAST:
         return False  # --no-auth is a switch; --api-key-file names where the key is kept
     for i, word in enumerate(words):
-        if word not in SECRET_WORDS:
-            continue
         before = words[i - 1] if i else ""
+        if word == "id" and before == "session":
+            return True  # a session id is a bearer credential
+        if word == "pass" and i < len(words) - 1 and words[i + 1] not in ("phrase", "word", "code"):
+            continue  # --pass-through, --pass-rate: the word "pass", not a password
+        if word not in SECRET_WORDS:
+            if _glued_secret(word):
+                return True
+            continue
         if word in ("token", "tokens") and before in VOCABULARY:
             continue
         if word in ("key", "keys") and before in FIELDS:
             continue
         return True
     return False
+
+
+def _glued_secret(word: str) -> bool:
+    if any(g in word for g in GLUED_SECRETS):
+        return True
+    if word.endswith("token") and len(word) > 5 and word[:-5] not in VOCABULARY:
+        return True
+    return word.endswith("key") and word[:-3] in KEY_OWNERS
 
 
 # A flag: -x, --long-name, --camelCase, /name (a value may follow as the next argument, or

@@ -14,8 +14,9 @@ from __future__ import annotations
 import re
 
 # C0 controls, DEL, C1 controls; the bidi embeddings and overrides (U+202A-U+202E) and
-# isolates (U+2066-U+2069).
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+# isolates (U+2066-U+2069); lone surrogates (JSON's `\ud800` decodes to one), which no UTF-8
+# output can encode.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
 def _escape(match: re.Match) -> str:

@@ -431,3 +431,30 @@ def test_a_step_on_several_threads_gains_nothing_from_fewer_workers_that_still_k
     relative = plan.evidence["model"]["relative_steps_per_s"]
     assert relative["w=1 pf=2"] == pytest.approx(relative["w=4 pf=2"], abs=0.01)
     assert "DataLoader" not in changes(findings)
+
+
+def test_what_a_job_claims_of_its_loader_cannot_make_the_plan_weigh_millions_of_settings(monkeypatch):
+    # A watched job published num_workers=4,096 and prefetch_factor=65,536 with two workers
+    # running: the plan weighed every pair (268 M) each tick and listed them all.
+    from loadertop.rules import plan as P
+
+    weighed_settings = []
+    real_predict = P.predict
+    monkeypatch.setattr(P, "predict", lambda t, s, **kw: weighed_settings.append(s) or real_predict(t, s, **kw))
+
+    def make(t):
+        tr = trainer(workers=2, worker_cpu=97.0, wait=0.6, usable=8, cpu_set=tuple(range(8)))
+        loaders = (LoaderConfig("Claims", 4096, True, tuple(w.pid for w in tr.workers), prefetch_factor=65536,
+                                batch_bytes=1 << 20, source="hook"),)
+        return snapshot(t, [replace(tr, loaders=loaders)], host(8, cpu=30.0))
+
+    findings, plan = plan_of(story(30, make))
+    # Workers up to MAX_WORKERS and a few prefetch depths, whatever was claimed.
+    assert len(set(weighed_settings)) <= (T.MAX_WORKERS + 1) * (len(T.PREFETCH_CANDIDATES) + 1)
+    assert max(s.prefetch_factor for s in weighed_settings) <= T.MAX_PREFETCH
+    assert plan.now.num_workers == 2  # the claim past what runs is not believed
+    assert plan.now.prefetch_factor == T.MAX_PREFETCH
+    weighed = plan.evidence["model"]["relative_steps_per_s"]
+    assert 0 < len(weighed) <= T.MAX_EVIDENCE_SETTINGS
+    assert all(f.change is None or f.change.get("DataLoader", {}).get("num_workers", 0) <= T.MAX_WORKERS
+               for f in findings)

@@ -74,3 +74,41 @@ def test_fuzzed_files_never_crash_the_reader(tmp_path_factory, junk, cut):
         assert cut < len(record.MAGIC)
         return
     assert got.snapshots == sample_story(5)[: len(got.snapshots)]
+
+
+def test_every_figure_the_hook_reader_takes_reads_back_from_a_recording(tmp_path):
+    # A tuner decision at batch 2**62 passed the hook's reader and made the recording
+    # unreadable from that snapshot on: the reader applies the recording's ranges.
+    from dataclasses import replace
+
+    from loadertop.probes.hook_files import HookError, parse_tune
+
+    knobs = {"num_workers": 2, "prefetch_factor": 2}
+    largest = {"action": "try", "from": knobs, "to": knobs, "batch": int(record.LARGEST), "epoch": 2**31,
+               "at": record.LARGEST, "measured_gain": 1e6, "noise": 1e6, "reason": "r" * 500}
+    with pytest.raises(HookError, match="batch"):
+        parse_tune({"state": "trying", "decisions": [{**largest, "batch": 2**62}]})
+    tune = parse_tune({"state": "trying", "setting": knobs, "epoch": 2**31, "steps_per_s": 1e15,
+                       "decisions": [largest]})
+    tr = trainer()
+    snaps = [replace(s, trainers=(replace(tr, loaders=(replace(tr.loaders[0], tune=tune),)),))
+             for s in sample_story(3)]
+    path = tmp_path / "big.rec"
+    write(path, snaps)
+    assert record.read(str(path)).snapshots == snaps
+
+
+def test_a_recording_that_repeats_a_pid_reads_back_with_one_process_a_pid(tmp_path):
+    # 4,096 workers on one pid in 16 snapshots made the report quadratic (74 s of CPU from 403 KiB).
+    from dataclasses import replace
+
+    from loadertop.outputs.report import build_report
+
+    tr = trainer(workers=2)
+    same = replace(tr, workers=tr.workers + tuple(tr.workers[0] for _ in range(4000)))
+    snaps = [replace(s, trainers=(same, same)) for s in sample_story(16)]
+    path = tmp_path / "dup.rec"
+    write(path, snaps)
+    back = record.read(str(path)).snapshots
+    assert len(back) == 16 and all(len(s.trainers) == 1 and len(s.trainers[0].workers) == 2 for s in back)
+    assert len(build_report(back)["trainers"][0]["workers"]) == 2

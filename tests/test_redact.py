@@ -80,6 +80,29 @@ HIDDEN = [  # (arguments, the secret that must not survive)
     (["--token-id", "S55"], "S55"),
     (["--secret-file-content", "S56"], "S56"),
     (["--key-file-content=S57"], "S57"),
+    # the third review's leaks (issue 34): secret words glued into one, field words before key
+    (["--dbpassword", "S60"], "S60"),
+    (["--accesstoken", "S61"], "S61"),
+    (["--apitoken=S62"], "S62"),
+    (["--secretkey", "S63"], "S63"),
+    (["PGPASSWORD=S64"], "S64"),
+    (["HFTOKEN=S65"], "S65"),
+    (["--hash-key", "S66"], "S66"),  # a keyed hash's key (HMAC, a salt)
+    (["--json-key", "S67"], "S67"),  # a service account's JSON key
+    (["--session-id", "S68"], "S68"),  # a bearer credential
+    (["--jwt", "S69"], "S69"),
+    (["--password-file-env", "S70"], "S70"),
+    (["--sessiontoken=S71"], "S71"),
+    (["--clientsecret", "S72"], "S72"),
+    (["MYSQL_PWD=S73"], "S73"),
+    (["--privatekey=S74"], "S74"),
+    (["--accesskey", "S75"], "S75"),
+    (["--sessionid", "S76"], "S76"),
+    (["--apisecret", "S77"], "S77"),
+    (["--bearertoken", "S78"], "S78"),
+    (["--refreshtoken=S79"], "S79"),
+    (["--masterpassword", "S80"], "S80"),
+    (["--config", '{"dbpassword": "S81"}'], "S81"),
 ]
 
 KEPT = [
@@ -119,6 +142,13 @@ KEPT = [
     ["--user", "bob"],  # a user name alone
     ["-print"],  # a single-dash word, not -p and a password
     ["--pin-memory", "True"],
+    # kept through the third review (issue 34)
+    ["--pass-through", "x"],
+    ["--pass-rate", "0.5"],
+    ["--dataset-key", "text"],  # which field of a sample to read
+    ["--padtoken", "[PAD]"],
+    ["--sortkey", "length"],
+    ["--tokenizer_name", "gpt2"],
 ]
 
 

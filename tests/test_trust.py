@@ -263,7 +263,8 @@ def test_pid_1_is_refused_unless_it_is_the_training_script():
     assert r.returncode == 2 and "init process" in r.stderr and r.stderr.count("\n") == 1
 
 
-@pytest.mark.parametrize("host", ["0.0.0.0", "0", "0.0", "0x0", "00", "[::0]", "[0:0:0:0:0:0:0:0]"])
+@pytest.mark.parametrize("host", ["0.0.0.0", "0", "0.0", "0x0", "00", "[::0]", "[0:0:0:0:0:0:0:0]",
+                                  "[::ffff:0.0.0.0]"])
 def test_listening_on_every_interface_warns_and_says_how_to_restrict_it(host):
     # Every spelling of the unspecified address binds every interface: judged as resolved.
     from test_export import free_port
@@ -367,6 +368,37 @@ def test_the_exporter_caps_connections_and_drops_silent_clients(monkeypatch):
         assert "loadertop_trainer_up" in wait_for(lambda: scrape(port), 10, what="a scrape")
     finally:
         for s in silent:
+            s.close()
+
+
+def test_idle_clients_of_one_address_cannot_take_every_slot(monkeypatch):
+    # 16 idle clients that reconnect held the 16 connections: most scrapes were refused.
+    from loadertop.outputs import export
+
+    monkeypatch.setattr(export, "IDLE_TIMEOUT_S", 30.0)
+    from test_export import free_port
+
+    port = free_port()
+    sampler = SimpleNamespace(tick=lambda: snapshot(0, [trainer()]), close=lambda: None)
+    threading.Thread(target=export.serve, args=(sampler, f"127.0.0.1:{port}", 0.5), daemon=True).start()
+    wait_for(lambda: _connects(port), 10, what="the server")
+    time.sleep(0.5)  # the probe's own connection gives its slot back
+    idle = [socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.3", 0))
+            for _ in range(export.MAX_CONNECTIONS)]
+    try:
+        time.sleep(0.3)
+        # Past its share, the idle host's connections are closed at once.
+        idle[-1].settimeout(2)
+        assert idle[-1].recv(1) == b""
+        # Another address (Prometheus) still scrapes.
+        with socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.2", 0), timeout=5) as s:
+            s.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+            body = b""
+            while chunk := s.recv(65536):
+                body += chunk
+        assert b"200 OK" in body.split(b"\r\n")[0] and b"loadertop_trainer_up" in body
+    finally:
+        for s in idle:
             s.close()
 
 
@@ -515,3 +547,46 @@ def test_a_pt_data_worker_name_counts_only_under_a_python_trainer_with_torch():
             subprocess.run(["pkill", "-KILL", "-P", str(p.pid)], check=False)
             p.kill()
             p.wait()
+
+
+def test_the_demos_images_go_only_into_a_folder_of_the_users_own(tmp_path):
+    # Another user made the shared folder first and planted a link where an image goes:
+    # the demo (run as root) turned a root-only file into a JPEG.
+    pytest.importorskip("PIL")
+    from loadertop.demo_images import UnsafeFolder, private_folder, write_images
+
+    victim = tmp_path / "victim"
+    victim.write_text("root's own")
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    os.chmod(shared, 0o777)
+    (shared / "img-500x375-00000.jpg.1234.tmp").symlink_to(victim)
+    with pytest.raises(UnsafeFolder, match="only it may write to"):
+        write_images(str(shared), 1)
+    linked = tmp_path / "linked"
+    linked.symlink_to(shared)
+    with pytest.raises(UnsafeFolder):
+        private_folder(str(linked))
+    if os.geteuid() == 0:
+        other = tmp_path / "other"
+        other.mkdir(mode=0o700)
+        os.chown(other, 65534, 65534)
+        with pytest.raises(UnsafeFolder):
+            private_folder(str(other))
+    own = tmp_path / "own"
+    paths = write_images(str(own), 2, 64, 48)
+    assert [os.path.basename(p) for p in paths] == ["img-64x48-00000.jpg", "img-64x48-00001.jpg"]
+    assert os.stat(own).st_mode & 0o777 == 0o700 and victim.read_text() == "root's own"
+    assert sorted(os.listdir(own)) == ["img-64x48-00000.jpg", "img-64x48-00001.jpg"]  # no temp file left
+
+
+@pytest.mark.unit
+def test_a_cpu_line_cut_short_in_proc_stat_is_skipped_not_a_crash(tmp_path, monkeypatch):
+    # The suite's random-fault test found an IndexError here with one seed.
+    from loadertop.probes import procfs
+
+    fake = tmp_path / "proc"
+    fake.mkdir()
+    (fake / "stat").write_text("cpu  10 0 10 80 0 0 0 0\ncpu0 5 0 5 40 0 0 0 0\ncpu1 5 0\ncpu2\nintr 1\n")
+    monkeypatch.setattr(procfs, "PROC", str(fake))
+    assert procfs.read_per_cpu_times() == {0: (10, 50)}

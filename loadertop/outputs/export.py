@@ -32,6 +32,9 @@ from ..rules import Diagnoser
 # A scrape holds a connection for milliseconds: a few at once is plenty, and a client that
 # opens connections and sends nothing (slowloris) must not hold threads for long.
 MAX_CONNECTIONS = 16
+# Of those, one client address may hold this many: 16 idle clients of one host that reconnect
+# no longer block the scrapes of the others (Prometheus holds one connection a target).
+MAX_PER_CLIENT = 4
 IDLE_TIMEOUT_S = 10.0
 REQUEST_DEADLINE_S = 10.0  # a whole request, however slowly its bytes come
 # A snapshot older than this many intervals (at least STALE_MIN_S) means sampling stopped.
@@ -161,7 +164,7 @@ class Exporter:
                 tune = loader.tune
                 if tune is None:
                     continue
-                at = [host, str(t.pid), "" if t.rank is None else str(t.rank), loader.dataset_class or ""]
+                at = [host, str(t.pid), "" if t.rank is None else str(t.rank), loader.label]
                 for metric, family in zip(TUNE_EXPORTED, families, strict=True):
                     value = metric.value(tune)
                     if value is not None:
@@ -173,8 +176,8 @@ class Exporter:
 
 
 class _Server(ThreadingHTTPServer):
-    """A thread per connection, at most MAX_CONNECTIONS of them; one more is closed at once
-    rather than queued."""
+    """A thread per connection, at most MAX_CONNECTIONS of them and MAX_PER_CLIENT from one
+    address; one more is closed at once rather than queued."""
 
     daemon_threads = True
 
@@ -183,22 +186,43 @@ class _Server(ThreadingHTTPServer):
             self.address_family = socket.AF_INET6
         super().__init__(address, handler)
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._per_client: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def _take(self, client: str) -> bool:
+        with self._lock:
+            if self._per_client.get(client, 0) >= MAX_PER_CLIENT:
+                return False
+            if not self._slots.acquire(blocking=False):
+                return False
+            self._per_client[client] = self._per_client.get(client, 0) + 1
+            return True
+
+    def _give_back(self, client: str) -> None:
+        with self._lock:
+            left = self._per_client.get(client, 1) - 1
+            if left:
+                self._per_client[client] = left
+            else:
+                self._per_client.pop(client, None)
+            self._slots.release()
 
     def process_request(self, request, client_address) -> None:
-        if not self._slots.acquire(blocking=False):
+        client = str(client_address[0])
+        if not self._take(client):
             self.shutdown_request(request)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self._give_back(client)
             raise
 
     def process_request_thread(self, request, client_address) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self._give_back(str(client_address[0]))
 
     def handle_error(self, request, client_address) -> None:
         """A client that hangs up or dawdles is its own fault: no traceback on our stderr."""

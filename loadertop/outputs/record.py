@@ -124,7 +124,28 @@ def decode(data: dict) -> Snapshot:
     snap = _decode(Snapshot, data)
     if not 0 < snap.time < LATEST_TIME:
         raise Damaged(f"its time {snap.time!r} is not a date")
-    return snap
+    return _one_of_each(snap)
+
+
+def _one_of_each(snap: Snapshot) -> Snapshot:
+    """One process a pid in each trainer, one trainer a (pid, start): loadertop never writes
+    two, and a file that repeats one (4,096 workers on one pid) made every report quadratic."""
+    trainers = []
+    seen_trainers = set()
+    for t in snap.trainers:
+        if (t.pid, t.started_at) in seen_trainers:
+            continue
+        seen_trainers.add((t.pid, t.started_at))
+        pids = {t.main.pid}
+        workers = []
+        for w in t.workers:
+            if w.pid not in pids:
+                pids.add(w.pid)
+                workers.append(w)
+        trainers.append(t if len(workers) == len(t.workers) else dataclasses.replace(t, workers=tuple(workers)))
+    if len(trainers) == len(snap.trainers) and all(a is b for a, b in zip(trainers, snap.trainers, strict=True)):
+        return snap
+    return dataclasses.replace(snap, trainers=tuple(trainers))
 
 
 # --- writing ----------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import stat
 import time
 from collections import deque
@@ -60,7 +61,16 @@ def _bool(value: object, name: str) -> bool | None:
 def _str(value: object, name: str, longest: int = 200) -> str | None:
     if value is not None and (not isinstance(value, str) or len(value) > longest):
         raise HookError(f"{name} is not a short text")
-    return value
+    return valid_utf8(value) if value is not None else None
+
+
+def valid_utf8(text: str) -> str:
+    """Text that encodes as UTF-8: JSON's `\ud800` escapes decode to lone surrogates, which
+    every later encode (a scrape, a report) would fail on; they become U+FFFD here."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _loop(value: object) -> Loop | None:
@@ -114,7 +124,7 @@ def parse_tune(raw: object) -> TuneState | None:
             _choice(d.get("action"), "a tune decision's action", TUNE_ACTIONS), _knobs(d.get("from"), "from"),
             _knobs(d.get("to"), "to"), _number(d.get("measured_gain"), "measured_gain", -1.0, 1e6),
             _number(d.get("noise"), "noise", 0.0, 1e6), _str(d.get("reason"), "reason", 500) or "",
-            epoch=_int(d.get("epoch"), "epoch") or 0, batch=_int(d.get("batch"), "batch", high=2**62) or 0,
+            epoch=_int(d.get("epoch"), "epoch") or 0, batch=_int(d.get("batch"), "batch", high=int(LARGEST)) or 0,
             at=_number(d.get("at"), "at") or 0.0))
     return TuneState(state=_choice(raw.get("state"), "tune.state", TUNE_PHASES),
                      setting=_knobs(raw.get("setting"), "tune.setting"),
@@ -371,7 +381,7 @@ class HookReader:
             out.append(LoaderConfig(c.get("dataset_class"), c.get("num_workers"), c.get("persistent_workers"), mine,
                                     prefetch_factor=c.get("prefetch_factor"), batch_size=c.get("batch_size"),
                                     batch_bytes=c.get("batch_bytes"), iterable=c.get("iterable"), source="hook",
-                                    tune=c.get("tune")))
+                                    tune=c.get("tune"), name=c.get("name")))
         return tuple(out)
 
     def forget(self, live: set) -> None:

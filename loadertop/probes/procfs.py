@@ -489,6 +489,8 @@ def read_per_cpu_times() -> dict[int, tuple[int, int]]:
             cpu = int(parts[0][3:])
         except (ValueError, IndexError):
             continue
+        if len(values) < 4:
+            continue  # a line cut short (a racing read, a faulty /proc): no idle figure to read
         total = sum(values)
         idle = values[3] + (values[4] if len(values) > 4 else 0)
         out[cpu] = (total - idle, total)

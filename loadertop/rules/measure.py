@@ -148,12 +148,14 @@ def _loader_window(config: LoaderConfig | None, members: tuple[ProcessSample, ..
              and demand / max(1.0, busy or 1.0) < T.WORKER_CPU_BOUND / 100.0)
     frames = Counter(d for r in readings.values() for d in r.values() if d != WAITING_FOR_INDICES)
     pools = sorted({p for w in members for p in w.thread_pools})
-    configured = config.num_workers if config is not None and config.num_workers else len(members)
+    claimed = config.num_workers if config is not None and config.num_workers else 0
+    configured = claimed if claimed <= max(T.MAX_WORKERS, len(members)) else len(members)
+    claimed_prefetch = config.prefetch_factor if config and config.prefetch_factor else T.DEFAULT_PREFETCH
     return LoaderWindow(
         dataset_class=config.dataset_class if config else None,
         num_workers=max(configured, len(members)),
         pids=tuple(sorted(pids)),
-        prefetch_factor=(config.prefetch_factor if config and config.prefetch_factor else T.DEFAULT_PREFETCH),
+        prefetch_factor=min(claimed_prefetch, T.MAX_PREFETCH),
         persistent=config.persistent_workers if config else None,
         iterable=config.iterable if config else None,
         cpu=cpu,

@@ -336,8 +336,11 @@ def _candidates(m: Measured, t: Terms, now: Setting, cause: str) -> list[Setting
     threads = [0]
     if cause == THREADS:
         threads = [1]
-    workers = range(0 if now.num_workers == 0 else 1, most_workers(m, now, cause) + 1)
-    prefetch = sorted({now.prefetch_factor, *range(1, now.prefetch_factor)})
+    # Bounded whatever the job claims (a hook can say 4,096 workers and a prefetch of 65,536):
+    # counts up to MAX_WORKERS and the one now, a few shallower prefetch depths.
+    top = min(most_workers(m, now, cause), T.MAX_WORKERS)
+    workers = sorted({*range(0 if now.num_workers == 0 else 1, top + 1), now.num_workers})
+    prefetch = sorted({now.prefetch_factor, *(p for p in T.PREFETCH_CANDIDATES if p < now.prefetch_factor)})
     return [Setting(n, k, p if n else now.prefetch_factor) for n in workers for k in threads for p in prefetch]
 
 
@@ -419,6 +422,9 @@ def make_plan(m: Measured, hung: bool = False) -> Plan:
 def _model_evidence(t: Terms, current: Prediction, options: list[Prediction]) -> dict:
     terms = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in vars(t).items()}
     ordered = sorted(options, key=lambda p: p.setting.num_workers)
+    if len(ordered) > T.MAX_EVIDENCE_SETTINGS:  # the best ones, in worker order
+        kept = sorted(ordered, key=lambda p: p.relative(current), reverse=True)[: T.MAX_EVIDENCE_SETTINGS]
+        ordered = sorted(kept, key=lambda p: p.setting.num_workers)
     predicted = {p.setting.label(): round(p.relative(current), 3) for p in ordered}
     return {"terms": terms, "bound_now": current.bound, "relative_steps_per_s": predicted}
 

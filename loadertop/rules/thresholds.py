@@ -126,6 +126,13 @@ SHM_MOSTLY_IN_FLIGHT = 0.5
 MAX_CONTENTION_SHARE = 0.5
 # torch's default prefetch_factor.
 DEFAULT_PREFETCH = 2
+# What a job says of its loader is a claim: a prefetch_factor past this is taken as this (the
+# model's arithmetic stays small), and a num_workers past both MAX_WORKERS and the workers
+# seen running is not believed (the workers seen are). The plan weighs prefetch values
+# only among these, and lists at most MAX_EVIDENCE_SETTINGS of its predictions.
+MAX_PREFETCH = 64
+PREFETCH_CANDIDATES = (1, 2, 3, 4, 6, 8, 16)
+MAX_EVIDENCE_SETTINGS = 24
 
 # Other processes keep this share of the trainer's CPUs busy: a busy host.
 BUSY_HOST_SHARE = 0.25
