@@ -244,11 +244,23 @@ def main(argv=None) -> int:
     p.add_argument("--truth", help="write measured data wait to this JSON file (FILE.RANK under torchrun)")
     p.add_argument("--ready", help="touch this file when the first batch arrives (FILE.RANK under torchrun)")
     p.add_argument("--dist", action="store_true", help="join a gloo process group (torchrun)")
+    p.add_argument("--ddp", action="store_true", help="with --dist: the model is a DistributedDataParallel (lockstep)")
+    p.add_argument("--slow-rank", type=int, default=None,
+                   help="under torchrun: this rank's items and step take the --slow-* figures instead")
+    p.add_argument("--slow-sleep-ms", type=float, default=None, help="the slow rank's I/O-like sleep per item")
+    p.add_argument("--slow-item-ms", type=float, default=None, help="the slow rank's CPU work per item")
+    p.add_argument("--slow-step-cpu-ms", type=float, default=None, help="the slow rank's own CPU work per step")
     p.add_argument("--device", default="cpu", help="cpu, or cuda for a GPU training step")
     p.add_argument("--watch", action="store_true", help="publish exact data wait with loadertop.watch")
     p.add_argument("--tune", action="store_true",
                    help="watch(..., tune=True): tune num_workers and prefetch_factor in place")
     args = p.parse_args(argv)
+    if args.slow_rank is not None and os.environ.get("RANK") == str(args.slow_rank):
+        # One rank of the job reads a slow shard or steps on a slower device: the others wait for it.
+        for name in ("sleep_ms", "item_ms", "step_cpu_ms"):
+            slow = getattr(args, f"slow_{name}")
+            if slow is not None:
+                setattr(args, name, slow)
     per_ms = args.work_per_ms or (calibrate() if args.item_ms or args.step_cpu_ms else 0.0)
     args.item_units = units_for(args.item_ms, per_ms)
     step_units = units_for(args.step_cpu_ms, per_ms)
@@ -278,7 +290,12 @@ def main(argv=None) -> int:
         return 2
     device = torch.device(args.device)
     width = 256 if device.type == "cpu" else 4096  # on a GPU, a step that keeps it busy
-    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, 10)).to(device)
+    model: torch.nn.Module = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(),
+                                                 torch.nn.Linear(width, 10)).to(device)
+    if args.ddp and args.dist and "RANK" in os.environ:
+        # The gradient all-reduce inside backward() keeps the ranks in lockstep: a rank whose
+        # batch came sooner waits there for the slowest.
+        model = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(32 if device.type == "cpu" else 1024, width, device=device)
     y = torch.randint(0, 10, (x.shape[0],), device=device)

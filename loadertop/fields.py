@@ -156,26 +156,31 @@ def human_age(seconds: float | None) -> str:
 
 # --- Prometheus metrics: one description each, read by loadertop.export -----------------
 
-HOST_LABELS = ["hostname"]
-TRAINER_LABELS = ["hostname", "trainer_pid", "rank"]
+# A trainer is known by its node, its job (named the same on every node of it: the ranks of
+# one job join across nodes) and its rank; its pid is no label, where a restarted rank would
+# start new series, but the value of loadertop_trainer_info's. `train_job`, not `job`:
+# Prometheus gives every scraped series its own `job` (the scrape job's name) and renames one
+# that comes with it to `exported_job`.
+HOST_LABELS = ["node"]
+TRAINER_LABELS = ["node", "train_job", "rank", "local_rank", "world_size"]
 # worker_id, not the pid: a pid label would make a new series each time a worker is
 # re-created (every epoch without persistent_workers). The pid is in loadertop_process_info.
 PROCESS_LABELS = [*TRAINER_LABELS, "worker_id", "role"]
 LOADER_LABELS = [*TRAINER_LABELS, "loader"]  # a tuned loader, by its watched name (else its dataset class)
-FINDING_LABELS = ["hostname", "trainer_pid", "id", "severity"]
+FINDING_LABELS = [*TRAINER_LABELS, "id", "severity"]
 
 
 @dataclass(frozen=True)
 class Metric:
     name: str
     help: str
-    scope: Literal["host", "trainer", "process", "loader"]
+    scope: Literal["host", "trainer", "process", "loader", "rank"]
     value: Callable[[Any], Any]  # of the HostSnapshot / TrainerSnapshot / ProcessSample / TuneState
 
     @property
     def labels(self) -> list[str]:
         return {"host": HOST_LABELS, "trainer": TRAINER_LABELS, "process": PROCESS_LABELS,
-                "loader": LOADER_LABELS}[self.scope]
+                "loader": LOADER_LABELS, "rank": TRAINER_LABELS}[self.scope]
 
 
 @dataclass(frozen=True)
@@ -218,6 +223,16 @@ EXPORTED = (
            lambda p: p.pss_bytes),
     Metric("loadertop_threads", "threads of the process", "process", lambda p: p.threads),
     _process_metric("loadertop_context_switches_per_second", "ctx_switches_per_s"),
+    # A rank's figures over its data wait's window (rules/ranks.py): what the ranks of a job are
+    # compared by, on one node and across nodes (`loadertop fleet`).
+    Metric("loadertop_sync_frames_ratio", "share of the training loop in backward() and device syncs, from py-spy "
+           "(gradient sync and compute alike: compare across the ranks of a job)", "rank", lambda r: r.sync_frames),
+    Metric("loadertop_sync_blocked_ratio", "share of the training loop blocked outside next(), neither on a CPU nor "
+           "queued for one (/proc; compare across the ranks of a job)", "rank", lambda r: r.sync_blocked),
+    Metric("loadertop_wait_for_ranks_ratio", "share of the training loop this rank waits for the other ranks of "
+           "its job seen on this node (its sync above the lowest rank's)", "rank", lambda r: r.wait_for_ranks),
+    Metric("loadertop_steps_per_second", "batches the training loop takes per second (the hook)", "trainer",
+           lambda t: t.data_wait.steps_per_s if t.data_wait else None),
     Metric("loadertop_host_cpu_percent", _help("host_cpu_percent"), "host", lambda h: h.cpu_percent),
     Metric("loadertop_host_dataloader_workers", "DataLoader workers of every trainer on the host", "host",
            lambda h: h.dataloader_workers),
@@ -239,6 +254,8 @@ TUNE_DECISIONS = Series("loadertop_tune_decisions", "decisions the in-place tune
                         "revert, settle, off)", (*LOADER_LABELS, "action"))
 FINDING_METRIC = Series("loadertop_finding", "1 for each active finding, by id and severity",
                         tuple(FINDING_LABELS))
+TRAINER_INFO = Series("loadertop_trainer_info", "1 for each trainer: its pid and its job's local pid",
+                      (*TRAINER_LABELS, "pid", "job_pid"))
 PROCESS_INFO = Series("loadertop_process_info", "1 for each watched process: its pid, by worker_id and role",
                       (*PROCESS_LABELS, "pid"))
 LAST_SAMPLE = Series("loadertop_last_sample_timestamp_seconds",
@@ -253,8 +270,8 @@ def metrics_table() -> str:
     rows = ["| metric | labels | meaning |", "|---|---|---|"]
     described: list[tuple[str, list[str] | tuple[str, ...], str]] = [
         *((m.name, m.labels, m.help) for m in (*EXPORTED, *TUNE_EXPORTED)),
-        *((s.name, s.labels, s.help) for s in (FINDING_METRIC, TUNE_STATE, TUNE_DECISIONS, PROCESS_INFO, LAST_SAMPLE,
-                                               SAMPLE_ERRORS)),
+        *((s.name, s.labels, s.help) for s in (FINDING_METRIC, TUNE_STATE, TUNE_DECISIONS, TRAINER_INFO, PROCESS_INFO,
+                                               LAST_SAMPLE, SAMPLE_ERRORS)),
     ]
     for name, labels, help_text in described:
         shown = ", ".join(f"`{label}`" for label in labels) or "none"

@@ -99,6 +99,11 @@ class ProcessSample:
     thread_pools: tuple[str, ...] = ()  # compute pools its libraries run (OpenMP, MKL, OpenBLAS, OpenCV)
     read_bytes_per_s: float | None = None  # everything it reads (files, sockets, pipes), slow cadence
     found_by: FoundBy | None = None  # a worker: how it was recognised (probes.discovery)
+    # The process's main thread alone (the training loop's, in a trainer), slow cadence: its
+    # share of a core on the CPU, and seconds per second it sat runnable without one. What is
+    # left of its time it was blocked: in next(), in a collective, a device sync, a sleep.
+    main_thread_cpu: float | None = None
+    main_thread_runqueue_s_per_s: float | None = None
 
     def __post_init__(self) -> None:
         # A recording's samples come through here; live ones are built past __init__
@@ -333,6 +338,9 @@ class TrainerSnapshot:
     cpus_busy: float | None = None  # how many of its CPUs were busy (anyone's work), over seconds
     throttled_fraction: float | None = None  # share of quota periods that ran out of quota
     memory_headroom_bytes: int | None = None  # what its memory cgroup still allows, None: no limit
+    # The job it is a rank of, named the same on every node (probes/launch.py); None in
+    # recordings made before jobs had names.
+    job_id: str | None = None
 
     def __post_init__(self) -> None:
         # The command line and environment are the process's own words (an argv can hold an
@@ -343,10 +351,16 @@ class TrainerSnapshot:
         env = tuple((printable(k), printable(v)) for k, v in self.env)
         if env != self.env:
             object.__setattr__(self, "env", env)
+        _clean(self, "job_id")
 
     @property
     def env_dict(self) -> dict[str, str]:
         return dict(self.env)
+
+    @property
+    def job(self) -> str:
+        """The job this trainer is a rank of: its name across nodes, else its local job pid."""
+        return self.job_id or f"pid:{self.job_pid}"
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from .probes.exits import ExitWatch
 from .probes.gpu import GpuProbe
 from .probes.hook_files import HookReader
 from .probes.host import HostProbe, cpu_set, usable_cpus
+from .probes.launch import JOB_KEYS, job_id
 from .probes.processes import ProcessSampler
 from .probes.pyspy import WorkerInfo
 from .probes.shm import read_shm
@@ -56,6 +57,7 @@ class _Trainer:
     exit_notice: Notice | None = None
     cmdline: tuple[str, ...] = ()
     env: dict[str, str] | None = None
+    job_id: str | None = None
     usable_cpus: int | None = None
     usable_at: float = float("-inf")
     cpu_set: tuple[int, ...] = ()
@@ -254,9 +256,14 @@ class Sampler:
     def _describe(self, state: _Trainer, st: procfs.Stat) -> None:
         state.cmdline = redact_cmdline(self.discovery.cmdline(st) or [st.comm])
         try:
-            state.env = procfs.environ_subset(st.pid, ENV_WHITELIST)
+            env = procfs.environ_subset(st.pid, ENV_WHITELIST | JOB_KEYS)
         except PermissionError:
-            state.env = None
+            env = None
+        if env is None:
+            state.env = state.job_id = None
+            return
+        state.job_id = job_id(env, self.host.hostname, state.job_pid)
+        state.env = {k: v for k, v in env.items() if k in ENV_WHITELIST}
 
     def _sample_trainer(self, state, st, tree, now, board, events, live):
         pid = st.pid
@@ -321,6 +328,7 @@ class Sampler:
             cpus_busy=self.host.per_cpu.busy_cpus(state.cpu_set),
             throttled_fraction=state.throttled_fraction,
             memory_headroom_bytes=state.memory_headroom,
+            job_id=state.job_id,
         )
         state.last = snap
         if snap.workers:

@@ -13,6 +13,9 @@ ORDER = (
     ((R.loader_stalled.ID,), "STALLED", "red"),
     ((R.worker_died.ID,), "WORKER DIED", "red"),
     ((R.shm_pressure.ID,), "SHM FULL", "red"),
+    # A rank of a lockstep job that waits for another: the job's straggler is its cause.
+    ((R.waits_for_rank.ID,), "WAITS FOR RANK", "yellow"),
+    ((R.rank_straggler.ID,), "SLOWEST RANK", "red"),
     ((R.cpu_oversubscribed.ID, R.worker_threads.ID, R.too_many_workers.ID), "OVERSUBSCRIBED", "yellow"),
     ((R.input_bound.ID, R.main_process_bound.ID), "INPUT-BOUND", "red"),
     ((R.worker_memory_growth.ID,), "MEMORY GROWING", "yellow"),
@@ -30,6 +33,9 @@ def _word(ids: set[str], findings: list[Finding], wait: float | None) -> tuple[s
                 word = next((CPU_CAUSES[c] for c in causes if c in CPU_CAUSES), word)
             if word == "INPUT-BOUND" and wait is not None:
                 word = f"INPUT-BOUND {wait:.0%}"
+            if word == "WAITS FOR RANK":
+                ranks = {f.evidence.get("straggler_rank") for f in findings if f.id == R.waits_for_rank.ID}
+                word = f"WAITS FOR RANK {min(r for r in ranks if isinstance(r, int))}"
             return word, colour
     return None
 
@@ -56,6 +62,11 @@ def verdict(trainer: TrainerSnapshot | None, findings: list[Finding]) -> tuple[s
 
 
 def verdict_of_report(report: dict) -> str:
+    # A job of many ranks is judged as a job: its straggler, or its ranks' common verdict.
+    jobs = [j for j in report.get("jobs", ()) if isinstance(j, dict) and j.get("ranks_seen", 0) >= 2]
+    named = [j for j in jobs if j.get("straggler")] or (jobs if len(jobs) == 1 else [])
+    if named:
+        return str(named[0]["verdict"])
     findings = [_finding(f) for f in report["findings"]]
     waits = [t["data_wait_fraction"] for t in report["trainers"] if t["data_wait_fraction"] is not None]
     found = _word({f.id for f in findings}, findings, max(waits) if waits else None)
@@ -70,3 +81,31 @@ def verdict_of_report(report: dict) -> str:
 
 def _finding(f: dict) -> Finding:
     return Finding(f["id"], f["severity"], f.get("trainer_pid"), f.get("title", ""), f.get("evidence") or {})
+
+
+# The job's verdict where no straggler is named: the most fundamental of its ranks' verdicts.
+_ROOTS = ("STALLED", "WORKER DIED", "SHM FULL", "THROTTLED", "BUSY HOST", "OVERSUBSCRIBED", "SLOWEST RANK",
+          "INPUT-BOUND", "DATA WAIT", "MEMORY GROWING", "TUNE", "WAITS FOR RANK", "WATCHING", "HEALTHY", "EXITED")
+
+
+def job_verdict(job, ranks: list[tuple[int | None, str, str]]) -> tuple[str, str]:
+    """(text, colour) for a job: `job` its ranks compared (rules.ranks.Attribution, or None
+    for one process), `ranks` each rank's (rank, verdict, colour). A straggler names the job's
+    verdict (`INPUT-BOUND on rank 1 of 2`); balanced ranks give theirs, the worst first."""
+    straggler = job.straggler if job is not None else None
+    if straggler is not None:
+        seen = len(job.ranks)
+        of = job.world_size or seen
+        text = "INPUT-BOUND" if straggler.cause == "input" else "SLOW STEP"
+        return f"{text} on rank {straggler.rank} of {of}", "red"
+    if not ranks:
+        return "WATCHING", "cyan"
+    words = {text for _, text, _ in ranks}
+    if len(words) == 1:
+        return ranks[0][1], ranks[0][2]
+
+    def root(item: tuple[int | None, str, str]) -> int:
+        return next((i for i, r in enumerate(_ROOTS) if item[1].startswith(r)), len(_ROOTS))
+
+    rank, text, colour = min(ranks, key=root)
+    return (f"{text} on rank {rank}" if rank is not None else text), colour

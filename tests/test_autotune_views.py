@@ -79,7 +79,7 @@ def test_the_reports_carry_the_tuners_state_and_every_decision():
     report = build_report(snaps, findings, plans=plans)
     from importlib.resources import files
 
-    schema = json.loads(files("loadertop").joinpath("schema/report-1.json").read_text())
+    schema = json.loads(files("loadertop").joinpath("schema/report-2.json").read_text())
     jsonschema.validate(report, schema)
     tune = report["trainers"][0]["loaders"][0]["tune"]
     assert tune["state"] == "settled" and tune["setting"] == {"num_workers": 4, "prefetch_factor": 2}

@@ -36,7 +36,11 @@ def test_scrape_shows_the_job_and_its_workers(job):
     try:
         text = wait_for(lambda: t if "loadertop_cpu_percent{" in (t := scrape(port)) else None, 30,
                         what="a scrape with worker metrics")
-        assert f'loadertop_workers{{hostname="{socket.gethostname()}",rank="",trainer_pid="{j.pid}"}} 2.0' in text
+        host = socket.gethostname()
+        labels = f'local_rank="",node="{host}",rank="",train_job="{host}/{j.pid}",world_size=""'
+        assert f"loadertop_workers{{{labels}}} 2.0" in text
+        info = [line for line in text.splitlines() if line.startswith("loadertop_trainer_info{")]
+        assert len(info) == 1 and f'job_pid="{j.pid}"' in info[0] and f',pid="{j.pid}"' in info[0]
         for w in workers:
             assert f'pid="{w}"' in text
         assert "# HELP loadertop_data_wait_ratio" in text and "# HELP loadertop_uss_bytes" in text

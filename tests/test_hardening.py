@@ -60,7 +60,7 @@ def test_secrets_never_reach_the_exporter(secret_target):
                              f"127.0.0.1:{port}", "--interval", "0.5", "--no-stacks"], cwd=REPO,
                             stderr=subprocess.PIPE, text=True)
     try:
-        text = wait_for(lambda: t if f'trainer_pid="{secret_target.pid}"' in (t := scrape(port)) else None, 30,
+        text = wait_for(lambda: t if f'pid="{secret_target.pid}"' in (t := scrape(port)) else None, 30,
                         what="a scrape with the target")
         _no_secret(text, "exporter")
     finally:

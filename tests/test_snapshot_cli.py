@@ -16,7 +16,7 @@ from jobs import PYTHON, REPO, comm, descendants, loadertop, wait_for, worker_pi
 
 from loadertop.sampler import Sampler
 
-SCHEMA = json.loads((Path(__file__).parent.parent / "loadertop/schema/report-1.json").read_text())
+SCHEMA = json.loads((Path(__file__).parent.parent / "loadertop/schema/report-2.json").read_text())
 
 
 def snapshot(*pids: int, duration: float = 2.0, extra: tuple[str, ...] = ()) -> dict:

@@ -85,7 +85,7 @@ async def test_keys_pause_help_sort_and_save(tmp_path):
         saved = sorted(tmp_path.iterdir())
         assert [p.suffix for p in saved] == [".json", ".md"]
         report = json.loads(saved[0].read_text())
-        assert report["schema"] == "loadertop.report/1"
+        assert report["schema"] == "loadertop.report/2"
         assert [f["id"] for f in report["findings"]] == ["input_bound"]
         assert "input_bound" in saved[1].read_text()
         await pilot.press("q")

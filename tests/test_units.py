@@ -221,7 +221,7 @@ def test_the_report_schema_lists_the_vocabulary_word_for_word():
     from loadertop import vocabulary as V
     from loadertop.rules import RULES
 
-    schema = json.loads(files("loadertop").joinpath("schema/report-1.json").read_text())
+    schema = json.loads(files("loadertop").joinpath("schema/report-2.json").read_text())
     trainer = schema["properties"]["trainers"]["items"]["properties"]
     worker = trainer["workers"]["items"]["properties"]
     tune = trainer["loaders"]["items"]["properties"]["tune"]["properties"]

@@ -13,6 +13,7 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from ..fields import (
@@ -21,13 +22,15 @@ from ..fields import (
     LAST_SAMPLE,
     PROCESS_INFO,
     SAMPLE_ERRORS,
+    TRAINER_INFO,
     TUNE_DECISIONS,
     TUNE_EXPORTED,
     TUNE_STATE,
     worker_id_text,
 )
-from ..model import Finding, Snapshot
+from ..model import Finding, Snapshot, TrainerSnapshot
 from ..rules import Diagnoser
+from ..rules.ranks import attributions, rank_figures
 
 # A scrape holds a connection for milliseconds: a few at once is plenty, and a client that
 # opens connections and sends nothing (slowloris) must not hold threads for long.
@@ -42,12 +45,42 @@ STALE_INTERVALS = 5
 STALE_MIN_S = 10.0
 
 
+@dataclass(frozen=True)
+class RankView:
+    """A rank's figures as exported: how its job's ranks are compared (rules/ranks.py)."""
+
+    sync_frames: float | None
+    sync_blocked: float | None
+    wait_for_ranks: float | None
+
+
+def rank_views(snap: Snapshot, recent) -> dict[int, RankView]:
+    """Each rank of the snapshot by pid, with its wait for the other ranks of its job seen here."""
+    compared = attributions(snap, recent)
+    out = {}
+    for t in snap.trainers:
+        figures = rank_figures(snap, t, recent)
+        if figures is None:
+            continue
+        job = compared.get(t.job)
+        out[t.pid] = RankView(figures.sync_frames, figures.sync_blocked,
+                              job.wait_of(figures.rank) if job is not None else None)
+    return out
+
+
+def trainer_labels(t: TrainerSnapshot, node: str) -> list[str]:
+    """node, train_job, rank, local_rank, world_size (fields.TRAINER_LABELS)."""
+    def text(x: int | None) -> str:
+        return "" if x is None else str(x)
+    return [node, t.job, text(t.rank), text(t.local_rank), text(t.world_size)]
+
+
 class Exporter:
     def __init__(self, sampler, interval_s: float = 1.0) -> None:
         self.sampler = sampler
         self.interval_s = interval_s
         self.diagnoser = Diagnoser()
-        self.latest: tuple[Snapshot, list[Finding]] | None = None
+        self.latest: tuple[Snapshot, list[Finding], dict[int, RankView]] | None = None
         self.last_sample_at: float | None = None
         self.errors = 0
         self.last_error: str | None = None
@@ -69,6 +102,7 @@ class Exporter:
         try:
             snap = self.sampler.tick()
             findings = self.diagnoser.feed(snap)
+            ranks = rank_views(snap, self.diagnoser.recent)
         except Exception as e:  # noqa: BLE001 (whatever broke, the next tick may work)
             with self._lock:
                 self.errors += 1
@@ -78,7 +112,7 @@ class Exporter:
                 print(f"loadertop: a sample failed ({self.last_error}); sampling goes on", file=sys.stderr)
             return
         with self._lock:
-            self.latest = (snap, findings)
+            self.latest = (snap, findings, ranks)
             self.last_sample_at = time.time()
 
     def close(self) -> None:
@@ -110,49 +144,54 @@ class Exporter:
         yield failed
         if latest is None or self.stale(last_at):  # the same reading as `latest`, under one lock
             return  # no figures rather than old ones that look current
-        snap, findings = latest
+        snap, findings, ranks = latest
         host = snap.host.hostname
         families = {}
         for metric in EXPORTED:
             families[metric.name] = GaugeMetricFamily(metric.name, metric.help, labels=metric.labels)
         info = GaugeMetricFamily(PROCESS_INFO.name, PROCESS_INFO.help, labels=list(PROCESS_INFO.labels))
+        trainer_info = GaugeMetricFamily(TRAINER_INFO.name, TRAINER_INFO.help, labels=list(TRAINER_INFO.labels))
+        labels_of = {t.pid: trainer_labels(t, host) for t in snap.trainers}
         for t in snap.trainers:
-            rank = "" if t.rank is None else str(t.rank)
-            trainer_labels = [host, str(t.pid), rank]
+            trainer_labels_ = labels_of[t.pid]
+            trainer_info.add_metric([*trainer_labels_, str(t.pid), str(t.job_pid)], 1.0)
             for metric in EXPORTED:
-                if metric.scope == "trainer":
-                    value = metric.value(t)
+                if metric.scope in ("trainer", "rank"):
+                    of = t if metric.scope == "trainer" else ranks.get(t.pid)
+                    value = metric.value(of) if of is not None else None
                     if value is not None:
-                        families[metric.name].add_metric(trainer_labels, float(value))
+                        families[metric.name].add_metric(trainer_labels_, float(value))
             processes = [("main", "", t.main)]
             for i, w in enumerate(t.workers):
                 # Until py-spy reads a worker's id, its place among the workers stands in:
                 # series stay distinct and stable when workers are re-created.
                 processes.append(("worker", worker_id_text(w.worker_id, i), w))
             for role, wid, p in processes:
-                labels = [*trainer_labels, wid, role]
+                labels = [*trainer_labels_, wid, role]
                 info.add_metric([*labels, str(p.pid)], 1.0)
                 for metric in EXPORTED:
                     if metric.scope == "process":
                         value = metric.value(p)
                         if value is not None:
                             families[metric.name].add_metric(labels, float(value))
-        yield from self._tune(snap, host)
+        yield from self._tune(snap, labels_of)
         for metric in EXPORTED:
             if metric.scope == "host":
                 value = metric.value(snap.host)
                 if value is not None:
                     families[metric.name].add_metric([host], float(value))
         yield from families.values()
+        yield trainer_info
         yield info
         active = GaugeMetricFamily(FINDING_METRIC.name, FINDING_METRIC.help, labels=list(FINDING_METRIC.labels))
         for f in findings:
-            active.add_metric([host, str(f.trainer_pid or ""), f.id, f.severity], 1.0)
+            at = labels_of.get(f.trainer_pid or 0, [host, "", "", "", ""])
+            active.add_metric([*at, f.id, f.severity], 1.0)
         yield active
 
 
     @staticmethod
-    def _tune(snap: Snapshot, host: str):
+    def _tune(snap: Snapshot, labels_of: dict[int, list[str]]):
         """Each tuned loader's in-place tuner: its setting, state and decisions."""
         from prometheus_client.core import GaugeMetricFamily
 
@@ -164,7 +203,7 @@ class Exporter:
                 tune = loader.tune
                 if tune is None:
                     continue
-                at = [host, str(t.pid), "" if t.rank is None else str(t.rank), loader.label]
+                at = [*labels_of[t.pid], loader.label]
                 for metric, family in zip(TUNE_EXPORTED, families, strict=True):
                     value = metric.value(tune)
                     if value is not None:

@@ -1,4 +1,7 @@
-"""The `loadertop.report/1` report: built from a window of snapshots plus findings.
+"""The `loadertop.report/2` report: built from a window of snapshots plus findings.
+
+/2 made `jobs` objects (each job's ranks, its verdict and the rank it waits for); /1 had the
+named PIDs there. Recordings of either stay readable: they hold snapshots, not reports.
 
 Rates (CPU %, context switches/s, GPU utilization) are averages over the window; sizes
 are the latest reading; shm carries its peak. Only this module knows the report's keys.
@@ -16,9 +19,10 @@ from ..notices import NoticeBoard
 from ..numbers import mean_of
 from ..rules import diagnose_with_plans
 from ..rules.plan import Plan
-from ..verdict import verdict
+from ..rules.ranks import Attribution, attributions
+from ..verdict import job_verdict, verdict
 
-SCHEMA = "loadertop.report/1"
+SCHEMA = "loadertop.report/2"
 
 
 def iso(epoch: float | None) -> str | None:
@@ -151,9 +155,60 @@ def _trainer(last: TrainerSnapshot, snaps: Sequence[Snapshot], plan: Plan | None
         "workers": [_process(w, history_of(w.pid)) for w in last.workers],
         "cpu_set": list(last.cpu_set),
         "cpu_quota": last.cpu_quota,
+        "job": last.job,
         "verdict": verdict(last, findings)[0],
         "plan": plan.as_dict() if plan is not None and last.status == "running" else None,
     }
+
+
+def jobs_dicts(last: Snapshot, snapshots: Sequence[Snapshot], findings: list[Finding]) -> list[dict]:
+    """Each job of the last snapshot: its pid, name, ranks side by side (the one the others
+    wait for first), its verdict, and its straggler (rank, pid, node, cause) or null."""
+    compared = attributions(last, snapshots)
+    groups: dict[str, list[TrainerSnapshot]] = {}
+    for t in last.trainers:
+        groups.setdefault(t.job, []).append(t)
+    out = []
+    for name, trainers in groups.items():
+        job = compared.get(name)
+        ranks = [_rank(t, job, findings) for t in trainers]
+        ranks.sort(key=lambda r: (not r["straggler"], -(r["wait_for_ranks_fraction"] or 0.0),
+                                  r["rank"] if r["rank"] is not None else -1))
+        text, _ = job_verdict(job, [(r["rank"], r["verdict"], "") for r in ranks])
+        straggler = job.straggler if job is not None else None
+        out.append({
+            "pid": trainers[0].job_pid,
+            "job": name,
+            "world_size": job.world_size if job is not None else trainers[0].world_size,
+            "ranks_seen": len(trainers),
+            "verdict": text,
+            "straggler": None if straggler is None else {
+                "rank": straggler.rank, "pid": straggler.pid, "node": straggler.node, "cause": straggler.cause,
+                "cost_fraction": _round(job.cost) if job is not None else None},
+            "method": job.method if job is not None else None,
+            "ranks": ranks,
+        })
+    return out
+
+
+def _rank(t: TrainerSnapshot, job: Attribution | None, findings: list[Finding]) -> dict:
+    figures = next((r for r in job.ranks if r.pid == t.pid), None) if job is not None else None
+    straggler = job.straggler if job is not None else None
+    return {
+        "rank": t.rank,
+        "pid": t.pid,
+        "verdict": verdict(t, findings)[0],
+        "straggler": straggler is not None and straggler.pid == t.pid,
+        "data_wait_fraction": t.data_wait.fraction if t.data_wait else None,
+        "sync_fraction": _round(None if figures is None else (
+            figures.sync_frames if job is not None and job.method == "frames" else figures.sync_blocked)),
+        "wait_for_ranks_fraction": _round(job.wait_of(t.rank) if job is not None and t.rank is not None else None),
+        "steps_per_s": _round(figures.steps_per_s) if figures is not None else None,
+    }
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
 
 
 def tune_dict(tune: TuneState) -> dict:
@@ -211,7 +266,7 @@ def build_report(
         "duration_s": round(last.monotonic - first.monotonic, 3),
         "samples": len(snapshots),
         "interval_s": last.interval_s,
-        "jobs": list(last.jobs),
+        "jobs": jobs_dicts(last, snapshots, findings),
         "host": {
             "hostname": host.hostname,
             "cpu_count": host.cpu_count,

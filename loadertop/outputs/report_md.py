@@ -80,6 +80,32 @@ def processes(t: dict) -> list[tuple[str, dict]]:
     return [("main", t["main"])] + [(worker_label(w["worker_id"], i), w) for i, w in enumerate(t["workers"])]
 
 
+def job_lines(report: dict) -> list[str]:
+    """Each job of many ranks: who it waits for, and its ranks side by side (the straggler first)."""
+    out = []
+    for job in report.get("jobs", ()):
+        if job["ranks_seen"] < 2:
+            continue
+        seen = job["ranks_seen"]
+        of = f"{seen} of {job['world_size']}" if job.get("world_size") not in (None, seen) else f"{seen}"
+        s = job["straggler"]
+        if s is None:
+            said = "No rank waits for another: each rank's verdict is its own"
+        else:
+            what = "its loader is behind" if s["cause"] == "input" else "its own step is the slowest"
+            said = (f"The job waits for rank {s['rank']} (pid {s['pid']} on {code(s['node'])}): {what}; "
+                    f"the others wait {human_percent(s.get('cost_fraction'))} of their loop for it")
+        out.append(f"**Job {code(job['job'])}, ranks {of}: {job['verdict']}.** {said}.")
+        out.append("")
+        out.append("| rank | pid | verdict | data wait | waits for other ranks |")
+        out.append("|---|---|---|---|---|")
+        for r in job["ranks"]:
+            out.append(f"| {_num(r['rank'])} | {r['pid']} | {r['verdict']} | {human_percent(r['data_wait_fraction'])} "
+                       f"| {human_percent(r['wait_for_ranks_fraction'])} |")
+        out.append("")
+    return out
+
+
 def render(report: dict) -> str:
     lines: list[str] = []
     host = report["host"]
@@ -90,8 +116,10 @@ def render(report: dict) -> str:
         f"{host['cpu_count']} CPUs on the host, load {host['load_avg'][0]:.2f}"
     )
     lines.append("")
+    lines += job_lines(report)
     for t in report["trainers"]:
-        lines.append(f"- **Trainer {t['pid']}: {t.get('verdict') or 'n/a'}**, {_cpus(t)}. {plan_line(t)}")
+        rank = f" (rank {t['rank']})" if t.get("rank") is not None else ""
+        lines.append(f"- **Trainer {t['pid']}{rank}: {t.get('verdict') or 'n/a'}**, {_cpus(t)}. {plan_line(t)}")
     lines.append("")
     if report["findings"]:
         lines.append("## Findings")

@@ -218,6 +218,10 @@ class HostProbe:
         # Watched trainers' workers recognised by the hook or a stack dump (no torch name).
         self.known_workers: dict[int, tuple[int, ...]] = {}
 
+    @property
+    def hostname(self) -> str:
+        return self._hostname
+
     def sample(self) -> HostSnapshot:
         mem = procfs.read_meminfo(self.files)
         times = procfs.read_cpu_times(self.files)

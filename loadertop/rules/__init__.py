@@ -23,8 +23,10 @@ from . import (
     loader_stalled,
     main_process_bound,
     pin_memory_off,
+    rank_straggler,
     shm_pressure,
     too_many_workers,
+    waits_for_rank,
     worker_died,
     worker_memory_growth,
     worker_respawn,
@@ -42,6 +44,8 @@ RULES = {
         loader_stalled,
         worker_died,
         shm_pressure,
+        waits_for_rank,
+        rank_straggler,
         cpu_oversubscribed,
         worker_threads,
         too_many_workers,
@@ -127,6 +131,11 @@ class Diagnoser:
         self.plans = {k: v for k, v in self.plans.items() if k in known}
         self.failed = {k: v for k, v in self.failed.items() if k[1] in {pid for pid, _ in known}}
         return self.findings()
+
+    @property
+    def recent(self) -> list[Snapshot]:
+        """The snapshots the rules look back over, oldest first."""
+        return list(self._recent)
 
     def _failed(self, rule_id: str, pid: int, error: Exception) -> None:
         if os.environ.get(RAISE_RULE_ERRORS):

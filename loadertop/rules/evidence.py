@@ -138,3 +138,25 @@ class Plan(TypedDict, total=False):
     trainer_cpus_used: float | None
     throttled_fraction: float | None
     model: dict[str, Any]  # the model's terms and each setting's predicted steps/s
+
+
+class _Ranks(TypedDict):
+    rank: int
+    ranks_seen: int
+    world_size: int | None
+    straggler_rank: int
+    straggler_pid: int | None
+    straggler_node: str
+    cause: str  # "input": its loader is behind; "step": its own step is longer
+    method: str | None  # how the sync was measured: "frames" (py-spy) or "blocked" (/proc)
+    data_wait_fraction: float | None
+    straggler_data_wait_fraction: float | None
+
+
+class WaitsForRank(_Ranks):
+    wait_for_ranks_fraction: float | None  # this rank's wait for the others, share of its loop
+
+
+class RankStraggler(_Ranks):
+    others_wait_fraction: float | None  # the median wait of the ranks that wait for it
+    waiting_ranks: list[int]

@@ -134,6 +134,14 @@ MAX_PREFETCH = 64
 PREFETCH_CANDIDATES = (1, 2, 3, 4, 6, 8, 16)
 MAX_EVIDENCE_SETTINGS = 24
 
+# Jobs of many ranks (rules/ranks.py): a rank whose data wait stands this far (a share of the
+# loop) above the median of the others' is the job's input straggler, and a rank waits for
+# the others when its sync share stands this far above the job's lowest. 15 points: py-spy's
+# shares over a window of ~400 samples are within ±5 points, so balanced ranks never differ
+# this much by chance, and a straggler that costs the job less is not the first thing to fix.
+RANK_GAP = 0.15
+RANK_WAIT = 0.15
+
 # Other processes keep this share of the trainer's CPUs busy: a busy host.
 BUSY_HOST_SHARE = 0.25
 # A quota that ran out in this share of its periods is binding.

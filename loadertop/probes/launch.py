@@ -1,0 +1,43 @@
+"""What a rank's launcher told it: the job it belongs to, the same on every node of that job.
+
+torchrun sets `TORCHELASTIC_RUN_ID` (`none` unless the launch gave `--rdzv-id`) and
+`MASTER_ADDR`/`MASTER_PORT` (the same on every node of one job); Slurm sets `SLURM_JOB_ID`.
+These are read only to make the job's name: they are not whitelisted into reports (the
+redact module's ENV_WHITELIST is what leaves the process).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+JOB_KEYS = frozenset({"TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "MASTER_ADDR", "MASTER_PORT"})
+
+
+def _loopback(host: str) -> bool:
+    if host in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def job_id(env: dict[str, str], hostname: str, job_pid: int) -> str:
+    """The job's name, stable on every node: the launcher's run id where it set one, else the
+    Slurm job, else the rendezvous address, else this host's job pid (a job of one process).
+    A loopback rendezvous names a single-node job only with its host (every node of a fleet
+    has its own 127.0.0.1:29500); a multi-node job on loopback is a test on one machine."""
+    run = env.get("TORCHELASTIC_RUN_ID", "")
+    if run and run != "none":
+        return f"run:{run}"[:120]
+    slurm = env.get("SLURM_JOB_ID", "")
+    if slurm:
+        return f"slurm:{slurm}"[:120]
+    addr, port = env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", "")
+    if addr and port:
+        world, local = env.get("WORLD_SIZE", ""), env.get("LOCAL_WORLD_SIZE", "")
+        one_node = not world or world == local
+        if _loopback(addr) and one_node:
+            return f"{hostname}:{port}"[:120]
+        return f"{addr}:{port}"[:120]
+    return f"{hostname}/{job_pid}"[:120]

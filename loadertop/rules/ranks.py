@@ -1,0 +1,184 @@
+"""Who waits for whom in a job of many ranks (pure): one function over per-rank figures, used
+on one node (from the sampler's snapshots, `job_figures`) and for a fleet (from the figures
+the node agents export to Prometheus).
+
+The ranks of a DDP/FSDP job step in lockstep: the gradient all-reduce inside backward() makes
+every rank wait for the slowest, so each rank's step lasts the same time and one rank alone
+cannot tell waiting from working. Side by side they can (docs/RULES.md, "Jobs of many ranks"):
+
+- data wait: the share of a rank's loop inside next() for its own loader (py-spy or the hook);
+- sync: the share of its loop blocked in the gradient sync and the device waits behind it.
+  With py-spy, the samples in backward() and device syncs; without it (the hook), the share
+  the loop's thread was neither on a CPU, nor queued for one, nor in next() (/proc). Both hold
+  compute as well as waiting (backward's own work, a step that sleeps while a device
+  computes), alike on every rank of one job: what one rank has above the job's lowest is its
+  wait for the others. Ranks are compared by one method, the one every rank has.
+
+An input straggler is the rank whose data wait stands above the others' while they wait in the
+sync; a step straggler the rank that waits least in the sync while the others wait for it and no
+loader is behind; otherwise the job is balanced and each rank's verdict is its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import median
+from typing import Literal
+
+from ..model import Snapshot, TrainerSnapshot
+from ..numbers import mean_of
+from . import thresholds as T
+
+StragglerCause = Literal["input", "step"]
+
+
+@dataclass(frozen=True)
+class RankFigures:
+    """One rank's figures over a window: what the attribution compares."""
+
+    rank: int
+    node: str
+    pid: int | None
+    data_wait: float | None  # share of its loop in next() for its own loader
+    sync_frames: float | None = None  # share in backward() and device syncs (py-spy's samples)
+    sync_blocked: float | None = None  # share blocked outside next(): not on a CPU nor queued (/proc)
+    steps_per_s: float | None = None
+    world_size: int | None = None
+
+
+@dataclass(frozen=True)
+class Straggler:
+    rank: int
+    node: str
+    pid: int | None
+    cause: StragglerCause
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """The job's ranks compared: the straggler (or None: balanced, or cannot tell), the ranks
+    that wait for it, each rank's wait for the others (share of its loop, where measured),
+    and what the straggler costs the job (the share of the waiting ranks' loop they wait)."""
+
+    ranks: tuple[RankFigures, ...]  # by rank
+    straggler: Straggler | None
+    waiting: tuple[int, ...] = ()
+    waits: tuple[tuple[int, float], ...] = ()  # (rank, its wait for the others)
+    cost: float | None = None
+    method: Literal["frames", "blocked"] | None = None
+
+    @property
+    def balanced(self) -> bool:
+        return self.straggler is None and len(self.ranks) >= 2 and self.method is not None
+
+    def wait_of(self, rank: int) -> float | None:
+        return dict(self.waits).get(rank)
+
+    @property
+    def world_size(self) -> int | None:
+        sizes = {r.world_size for r in self.ranks if r.world_size}
+        return max(sizes) if sizes else None
+
+
+def attribute(ranks: Sequence[RankFigures]) -> Attribution:
+    """Who the job waits for, from its ranks' figures side by side."""
+    ranks = tuple(sorted(ranks, key=lambda r: r.rank))
+    if len(ranks) < 2:
+        return Attribution(ranks, None)
+    method, syncs = _sync_method(ranks)
+    floor = min(syncs.values(), default=0.0)
+    waits = {rank: max(0.0, s - floor) for rank, s in syncs.items()}
+    waits_t = tuple(sorted(waits.items()))
+    waited = [r for r in ranks if r.data_wait is not None]
+    if len(waited) >= 2:
+        slowest = max(waited, key=lambda r: r.data_wait or 0.0)
+        others = [r.data_wait or 0.0 for r in waited if r is not slowest]
+        gap = (slowest.data_wait or 0.0) - median(others)
+        if (slowest.data_wait or 0.0) >= T.DATA_WAIT_CRITICAL and gap >= T.RANK_GAP:
+            # The others wait for it where the sync says so; a job whose ranks do not step in
+            # lockstep (no gradient sync) has no one waiting.
+            waiting = tuple(r.rank for r in waited if r is not slowest
+                            and (r.data_wait or 0.0) <= (slowest.data_wait or 0.0) - T.RANK_GAP
+                            and waits.get(r.rank, 0.0) >= T.RANK_WAIT)
+            if waiting:
+                cost = median(waits[r] for r in waiting)
+                return Attribution(ranks, _straggler(slowest, "input"), waiting, waits_t, cost, method)
+    if waits:
+        fastest_sync = min(ranks, key=lambda r: syncs[r.rank])
+        waiting = tuple(r.rank for r in ranks if r is not fastest_sync and waits[r.rank] >= T.RANK_WAIT)
+        behind = fastest_sync.data_wait is not None and fastest_sync.data_wait >= T.DATA_WAIT_CRITICAL
+        # Most of the others wait for it (one slow rank among many, not one fast one).
+        if waiting and 2 * len(waiting) >= len(ranks) - 1 and not behind:
+            cost = median(waits[r] for r in waiting)
+            return Attribution(ranks, _straggler(fastest_sync, "step"), waiting, waits_t, cost, method)
+    return Attribution(ranks, None, (), waits_t, None, method)
+
+
+def _straggler(r: RankFigures, cause: StragglerCause) -> Straggler:
+    return Straggler(r.rank, r.node, r.pid, cause)
+
+
+def _sync_method(ranks: Sequence[RankFigures]) -> tuple[Literal["frames", "blocked"] | None, dict[int, float]]:
+    """One method every rank has: py-spy's frames first, else /proc's blocked share."""
+    if all(r.sync_frames is not None for r in ranks):
+        return "frames", {r.rank: r.sync_frames or 0.0 for r in ranks}
+    if all(r.sync_blocked is not None for r in ranks):
+        return "blocked", {r.rank: r.sync_blocked or 0.0 for r in ranks}
+    return None, {}
+
+
+# --- from the sampler's snapshots (one node) --------------------------------------------------
+
+
+def rank_figures(snap: Snapshot, trainer: TrainerSnapshot, recent: Sequence[Snapshot]) -> RankFigures | None:
+    """A running rank's figures over its data wait's window; None for a process with no rank."""
+    if trainer.rank is None or trainer.status != "running":
+        return None
+    dw = trainer.data_wait
+    wait = dw.fraction if dw is not None else None
+    frames = None
+    if dw is not None and dw.source == "py-spy" and dw.samples >= T.MIN_STACK_SAMPLES:
+        parts = dict(dw.breakdown)
+        frames = parts.get("backward", 0.0) + parts.get("device_sync", 0.0)
+    window = dw.window_s if dw is not None else T.WINDOW_MIN_S
+    span = max(T.WINDOW_MIN_S, min(T.WINDOW_MAX_S, window))
+    key = (trainer.pid, trainer.started_at)
+    own = [t for s in recent if s.monotonic >= snap.monotonic - span for t in s.trainers
+           if (t.pid, t.started_at) == key]
+    cpu = mean_of(t.main.main_thread_cpu for t in own)
+    queued = mean_of(t.main.main_thread_runqueue_s_per_s for t in own)
+    blocked = None
+    if cpu is not None and wait is not None:
+        # What of next() is blocked (the rest is the loop's own loading work, on a CPU).
+        in_next = wait - (dw.main_process_fraction or 0.0) if dw is not None else wait
+        blocked = max(0.0, 1.0 - cpu - (queued or 0.0) - max(0.0, in_next))
+    return RankFigures(trainer.rank, snap.host.hostname, trainer.pid, wait, frames, blocked,
+                       dw.steps_per_s if dw is not None else None, trainer.world_size)
+
+
+def jobs_of(snap: Snapshot) -> dict[str, list[TrainerSnapshot]]:
+    """The running trainers of each job, by the job's name."""
+    out: dict[str, list[TrainerSnapshot]] = {}
+    for t in snap.trainers:
+        out.setdefault(t.job, []).append(t)
+    return out
+
+
+_last: tuple[Snapshot, dict[str, Attribution]] | None = None
+
+
+def attributions(snap: Snapshot, recent: Sequence[Snapshot]) -> dict[str, Attribution]:
+    """Each job of the snapshot with two ranks or more, its ranks compared. Every rank's rule
+    asks for its job at the same snapshot: the last answer is kept (the snapshot with it, so
+    that its identity is not reused)."""
+    global _last
+    if _last is not None and _last[0] is snap:
+        return _last[1]
+    out = {}
+    for job, trainers in jobs_of(snap).items():
+        figures = [f for t in trainers if (f := rank_figures(snap, t, recent)) is not None]
+        if len({f.rank for f in figures}) >= 2:
+            out[job] = attribute(figures)
+    _last = (snap, out)
+    return out
