@@ -3,6 +3,8 @@ its findings and data wait: the root cause first. Shared by the TUI header and t
 
 from __future__ import annotations
 
+import re
+
 from . import rules as R
 from .model import Finding, TrainerSnapshot
 from .rules import thresholds as T
@@ -108,4 +110,9 @@ def job_verdict(job, ranks: list[tuple[int | None, str, str]]) -> tuple[str, str
         return next((i for i, r in enumerate(_ROOTS) if item[1].startswith(r)), len(_ROOTS))
 
     rank, text, colour = min(ranks, key=root)
+    if len({root(r) for r in ranks}) == 1:  # alike but for a figure (INPUT-BOUND 14% and 18%)
+        figures = sorted(int(m.group(1)) for _, t, _ in ranks if (m := re.search(r"(\d+)%", t)))
+        if len(figures) == len(ranks):
+            text = re.sub(r"\d+%", f"{figures[0]}-{figures[-1]}%", text, count=1)
+        return f"{text} on every rank", colour
     return (f"{text} on rank {rank}" if rank is not None else text), colour

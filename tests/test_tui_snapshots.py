@@ -30,3 +30,11 @@ def test_history_screen(snap_compare):
     # Data wait climbing while the GPU empties: the history panel's three lines on one time axis.
     app = LoadertopApp(ScriptedSource(moving(), interval_s=0.01))
     assert snap_compare(app, terminal_size=(120, 36), run_before=_settle)
+
+
+def test_job_of_two_ranks_screen(snap_compare):
+    # One job, two ranks: rank 1's loader is behind, rank 0 waits for it in the all-reduce.
+    from test_ranks import INPUT, job_story
+
+    app = LoadertopApp(ScriptedSource(job_story(INPUT, 20), interval_s=0.01))
+    assert snap_compare(app, terminal_size=(120, 36), run_before=_settle)

@@ -24,7 +24,8 @@ def check(ctx: Context) -> Check:
                                  "waiting_ranks": list(job.waiting)}
     n = len(job.waiting)
     who = "the other rank waits" if n == 1 else f"{n} other ranks wait"
-    return ctx.found(ID, level, f"the job's slowest step: {who} {pct(job.cost)} of their loop for this rank",
+    whose = "its" if n == 1 else "their"
+    return ctx.found(ID, level, f"the job's slowest step: {who} {pct(job.cost)} of {whose} loop for this rank",
                      evidence,
                      f"no loader change helps (data wait {pct(evidence['data_wait_fraction'])} here): this rank's "
                      "own step is longer than the others'; look at what differs on it (a slower or shared device, "

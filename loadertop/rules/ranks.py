@@ -182,3 +182,20 @@ def attributions(snap: Snapshot, recent: Sequence[Snapshot]) -> dict[str, Attrib
             out[job] = attribute(figures)
     _last = (snap, out)
     return out
+
+
+def view_order(snap: Snapshot, compared: dict[str, Attribution]) -> list[TrainerSnapshot]:
+    """The trainers as a job view lists them: job by job, in each the rank the others wait
+    for first, then the ranks by their own data wait (what they would cost if the straggler
+    were fixed), then by rank."""
+    out: list[TrainerSnapshot] = []
+    for job, trainers in jobs_of(snap).items():
+        att = compared.get(job)
+        straggler = att.straggler.pid if att is not None and att.straggler is not None else None
+
+        def cost(t: TrainerSnapshot, straggler: int | None = straggler) -> tuple:
+            wait = t.data_wait.fraction if t.data_wait is not None and t.data_wait.fraction is not None else -1.0
+            return (t.pid != straggler, -wait, t.rank if t.rank is not None else -1, t.pid)
+
+        out += sorted(trainers, key=cost)
+    return out

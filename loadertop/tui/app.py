@@ -17,6 +17,7 @@ from textual.message import Message
 from textual.widgets import Footer
 
 from ..model import Finding, Snapshot
+from ..rules.ranks import attributions, view_order
 from .source import LiveSource, ScriptedSource, Source
 from .widgets.history import HistoryPanel
 from .widgets.panels import EventsPanel, FindingsPanel, HeaderPanel, OverviewPanel
@@ -170,7 +171,8 @@ class LoadertopApp(App):
         snap = self.snapshot
         if snap is None:
             return
-        trainers = snap.trainers
+        compared = attributions(snap, self.source.diagnoser.recent) if self.source is not None else {}
+        trainers = view_order(snap, compared)
         self.selected = min(self.selected, max(0, len(trainers) - 1))
         trainer = trainers[self.selected] if trainers else None
         plan = (self.source.diagnoser.plan(trainer.pid, trainer.started_at)
@@ -179,7 +181,7 @@ class LoadertopApp(App):
                                                self.source is None or self.source.live, self.selected, len(trainers),
                                                plan)
         self.query_one(HistoryPanel).render_for(snap, trainer, now=self.paused or self.ended)
-        self.query_one(OverviewPanel).render_for(snap, self.findings, self.selected)
+        self.query_one(OverviewPanel).render_for(snap, self.findings, self.selected, trainers, compared)
         self.query_one(WorkersTable).show(trainer, snap.time)
         failed = self.source.diagnoser.notices() if self.source is not None else []
         notices = [n for n in (*snap.notices, *failed) if trainer is None or n.trainer_pid in (None, trainer.pid)]

@@ -14,7 +14,8 @@ from ... import notices as N
 from ...fields import human_age, human_bytes, human_percent
 from ...model import Event, Finding, Snapshot, TrainerSnapshot
 from ...rules.plan import Plan
-from ...verdict import verdict
+from ...rules.ranks import Attribution, jobs_of
+from ...verdict import job_verdict, verdict
 
 
 class Panel(Static):
@@ -110,24 +111,53 @@ class HeaderPanel(Panel):
 
 
 class OverviewPanel(Panel):
-    """One row per trainer when several are watched."""
+    """The job view when several trainers are watched: each job of many ranks on a line of
+    its own (its verdict, the rank it waits for, what that costs), then its ranks side by
+    side in the app's order (the straggler first); one row per trainer of other jobs."""
 
-    def render_for(self, snap: Snapshot, findings: list[Finding], selected: int) -> None:
-        if len(snap.trainers) < 2:
+    def render_for(self, snap: Snapshot, findings: list[Finding], selected: int,
+                   order: list[TrainerSnapshot] | None = None, compared: dict[str, Attribution] | None = None) -> None:
+        order = order if order is not None else list(snap.trainers)
+        compared = compared or {}
+        if len(order) < 2:
             self.display = False
             return
         self.display = True
         t = Text()
-        for i, tr in enumerate(snap.trainers):
+        jobs = jobs_of(snap)
+        told: set[str] = set()
+        for i, tr in enumerate(order):
+            job = compared.get(tr.job)
+            if len(jobs.get(tr.job, ())) >= 2 and tr.job not in told:
+                told.add(tr.job)
+                self._job_line(t, tr.job, jobs[tr.job], job, findings)
             word, colour = verdict(tr, findings)
             marker = "▶" if i == selected else " "
             rank = f"rank {tr.rank}" if tr.rank is not None else f"job {tr.job_pid}"
             dw = tr.data_wait.fraction if tr.data_wait else None
-            t.append(f"{marker}{i + 1} pid {tr.pid:<8} {rank:<9} {len(tr.workers):>3} workers  "
-                     f"wait {human_percent(dw):>4}  ")
+            waits = job.wait_of(tr.rank) if job is not None and tr.rank is not None else None
+            others = f"  waits for other ranks {human_percent(waits):>4}" if job is not None else ""
+            t.append(f"{marker}{i + 1} {rank:<8} pid {tr.pid:<8} {len(tr.workers):>2} workers  "
+                     f"data wait {human_percent(dw):>4}{others}  ")
             t.append(word, style=f"bold {colour}")
             t.append("\n")
         self.show(t)
+
+    @staticmethod
+    def _job_line(t: Text, name: str, trainers: list[TrainerSnapshot], job: Attribution | None,
+                  findings: list[Finding]) -> None:
+        ranks = [(tr.rank, *verdict(tr, findings)) for tr in trainers]
+        word, colour = job_verdict(job, ranks)
+        seen = len(trainers)
+        size = job.world_size if job is not None else None
+        of = f"{seen} of {size} ranks seen" if size and size != seen else f"{seen} ranks"
+        t.append(f" JOB {name[:40]}  {of}  ", style="bold")
+        t.append(word, style=f"bold reverse {colour}")
+        if job is not None and job.straggler is not None:
+            t.append(f"  the others wait {human_percent(job.cost)} of their loop for it", style=colour)
+        elif job is not None and job.balanced:
+            t.append("  no rank waits for another", style="dim")
+        t.append("\n")
 
 
 class FindingsPanel(Panel):
