@@ -305,3 +305,103 @@ def test_with_warnings_as_errors_the_tuner_still_never_raises_into_the_loop(capl
         drive(t, loader, 8, lambda n: 0.08 / min(n, 4), wait_share=0.75)
     assert t.state == "off" and loader.num_workers == 1
     assert any("would not stop" in r.getMessage() for r in caplog.records)
+
+
+# --- the ranks of one job tuning together (autotune/ranks.py) -------------------------------
+
+
+def lockstep(tuners, loaders, epochs, own, batches=60):
+    """Ranks in lockstep: each batch takes the slowest rank's time (the gradient all-reduce);
+    each rank's data wait is how long its own loader kept it. own(rank, num_workers) ->
+    (its loader's wait, its own compute) in seconds. The worker counts of every epoch, by rank."""
+    clock = [0]
+    for t in tuners:
+        t.clock = lambda: clock[0]
+    seen = []
+    for _ in range(epochs):
+        for t, loader in zip(tuners, loaders, strict=True):
+            t.boundary(loader)
+            with t.building():
+                pass
+            t.begin(loader)
+        seen.append(tuple(loader.num_workers for loader in loaders))
+        for _ in range(batches):
+            parts = [own(r, loader.num_workers) for r, loader in enumerate(loaders)]
+            step = max(w + c for w, c in parts)
+            clock[0] += int(step * 1e9)
+            for t, (w, _) in zip(tuners, parts, strict=True):
+                t.delivered(clock[0], int(w * 1e9))
+        for t in tuners:
+            t.end()
+    return seen
+
+
+def ranked_tuners(tmp_path, n=2):
+    from loadertop.autotune import ranks as R
+
+    tuners = []
+    for r in range(n):
+        t, _ = make_tuner()
+        t.board_for = lambda name, r=r: (R.FileBoard("job-1", name, root=str(tmp_path)), r)
+        tuners.append(t)
+    return tuners
+
+
+def test_a_rank_that_waits_for_a_slow_shard_does_not_explore_and_the_straggler_does(tmp_path):
+    tuners = ranked_tuners(tmp_path)
+    loaders = [Loader(workers=1), Loader(workers=1)]
+    # Rank 1's items are slow (its loader gains from workers up to 4); rank 0's are fast.
+    seen = lockstep(tuners, loaders, 10, lambda r, n: (0.0, 0.01) if r == 0 else (0.08 / min(n, 4), 0.01))
+    assert {s[0] for s in seen} == {1}, seen  # rank 0 never moved
+    assert seen[-1][1] >= 4, seen
+    assert tuners[0].role.role == "waiting" and tuners[0].reason == "waits for rank 1"
+    assert "try" not in [d.action for d in tuners[0].decisions]
+
+
+def test_balanced_ranks_change_together_from_the_leaders_decisions(tmp_path):
+    tuners = ranked_tuners(tmp_path)
+    loaders = [Loader(workers=1), Loader(workers=1)]
+    # Both loaders alike: slow items, gaining from workers up to 4.
+    seen = lockstep(tuners, loaders, 12, lambda r, n: (0.08 / min(n, 4), 0.01))
+    assert all(a == b for a, b in seen[1:]), seen  # every epoch, one setting on both ranks
+    assert seen[-1][0] >= 4, seen
+    assert tuners[1].role.role == "follower" and "try" not in [d.action for d in tuners[1].decisions]
+    assert "keep" in [d.action for d in tuners[0].decisions]
+
+
+def test_ranks_that_cannot_coordinate_tune_alone_after_one_warning(tmp_path):
+    class Broken:
+        def write(self, entry):
+            raise OSError(28, "No space left on device")
+
+        def read(self):
+            return []
+
+        def close(self, rank):
+            pass
+
+    t, _ = make_tuner()
+    t.board_for = lambda name: (Broken(), 0)
+    loader = Loader(workers=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        drive(t, loader, 8, lambda n: 0.08 / min(n, 4), wait_share=0.75)
+    told = [str(w.message) for w in caught if "loadertop tune" in str(w.message)]
+    assert len(told) == 1 and "cannot coordinate" in told[0] and "each rank tunes alone" in told[0]
+    assert t.peers is None and loader.num_workers >= 4 and t.state != "off"
+
+
+def test_a_rank_role_from_its_peers_entries():
+    from loadertop.autotune.ranks import Entry, role_of
+
+    one = Knobs(1, 2)
+    peer = Entry(1, 3, 0.8, one, at=0.0)
+    assert role_of(0, 0.05, 3, [peer]).role == "waiting"
+    assert role_of(0, 0.05, 3, [peer]).peer == 1
+    assert role_of(1, 0.8, 3, [Entry(0, 3, 0.05, one)]).role == "straggler"
+    assert role_of(0, 0.5, 3, [Entry(1, 3, 0.45, one)]).role == "leader"
+    leader = Entry(0, 3, 0.5, one, plan_from=4, plan=Knobs(2, 2))
+    assert role_of(1, 0.45, 3, [leader]).follow == one  # the change starts at epoch 4, on every rank
+    assert role_of(1, 0.45, 4, [leader]).follow == Knobs(2, 2)
+    assert role_of(0, 0.3, 1, []).role == "alone"
+    assert Entry.from_json(peer.as_json()) == peer and Entry.from_json("{") is None

@@ -102,3 +102,31 @@ async def test_the_live_view_shows_the_job_with_the_straggler_first(job):
         lines = text_of(app, OverviewPanel).splitlines()
         assert "INPUT-BOUND on rank 1 of 2" in lines[0]
         assert lines[1].startswith("▶1 rank 1") and lines[2].startswith(" 2 rank 0")
+
+
+def test_tune_on_every_rank_moves_only_the_straggler(job):
+    # tune=True on both ranks of the slow-shard job: rank 0 waits for rank 1 and must not
+    # explore; rank 1 explores while its own data wait remains, and keeps what measured faster.
+    import json
+
+    from jobs import wait_for
+
+    j = job(*COMMON, *JOBS["slow-loader"], "--tune", "--epoch-items", "800",
+            cmd=[TORCHRUN, "--standalone", "--nproc_per_node=2"], env={"OMP_NUM_THREADS": "1"})
+
+    def tune(rank: int) -> dict | None:
+        try:
+            return json.loads(Path(f"{j.truth_path}.{rank}").read_text()).get("tune")
+        except (OSError, ValueError):
+            return None
+
+    def settled() -> bool:
+        slow = tune(1)
+        return bool(slow) and any(d["action"] == "keep" for d in slow["decisions"])
+
+    wait_for(settled, 120, what="rank 1 to keep a faster setting")
+    waiting, slow = tune(0), tune(1)
+    assert waiting is not None and slow is not None
+    assert "try" not in [d["action"] for d in waiting["decisions"]], waiting
+    assert waiting["setting"]["num_workers"] == 1 and waiting["reason"] == "waits for rank 1", waiting
+    assert slow["setting"]["num_workers"] > 1

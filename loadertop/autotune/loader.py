@@ -122,8 +122,9 @@ def rng_states(loader) -> list | None:
     torch = sys.modules.get("torch")
     if torch is None:
         return None
-    generators = [loader.generator, getattr(loader.sampler, "generator", None),
-                  getattr(getattr(loader.batch_sampler, "sampler", None), "generator", None)]
+    sampler, batches = getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None)
+    generators = [getattr(loader, "generator", None), getattr(sampler, "generator", None),
+                  getattr(getattr(batches, "sampler", None), "generator", None)]
     unique = {id(g): g for g in generators if g is not None and hasattr(g, "get_state")}
     return [(None, torch.get_rng_state())] + [(g, g.get_state()) for g in unique.values()]
 

@@ -18,6 +18,7 @@ last setting it measured good, and the loop goes on. Nothing here runs until tun
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import time
@@ -30,6 +31,7 @@ from ..probes import procfs
 from ..probes.discovery import WORKER_COMM
 from ..vocabulary import TunePhase
 from . import loader as L
+from . import ranks as R
 from . import readings as M
 from .policy import MIN_MEASURED_GAIN, Explorer, Stretch, chunk_rates, compare
 from .propose import propose
@@ -95,6 +97,18 @@ class Tuner:
         self.pending: Knobs | None = None  # the setting to go back to at the next boundary (off)
         self.last_rate: float | None = None
         self.clock = time.perf_counter_ns  # the hook's clock: batch times come from it too
+        # The other ranks of the job (autotune/ranks.py): None alone, or once coordination failed.
+        self.peers: R.Peers | None = None
+        self.coordinated = False  # the board was looked for (at the first boundary)
+        self.role = R.Decision("alone")
+        self.plan: tuple[int, Knobs] | None = None  # a leader's change: from this epoch, every rank
+        self.last_wait: float | None = None
+        self.board_for = R.board_for
+        self.until_boundary = False  # nothing is measured until the next epoch boundary
+        # This epoch's data wait, kept with peers only (the ranks compare it at the boundary).
+        self.epoch_last_ns: int | None = None
+        self.epoch_s = self.epoch_wait_s = 0.0
+        self.epoch_batches = 0
 
     # --- the loop's calls ---------------------------------------------------------------
 
@@ -123,14 +137,20 @@ class Tuner:
                 self.explorer = Explorer(self.started_with)
                 self._publish()
             self.epoch += 1
-            if self.skip >= 1 << 62:  # a setting that waited for this boundary: measured from its first batch
+            if self.until_boundary:  # a setting that waited for this boundary: measured from its first batch
+                self.until_boundary = False
                 self.skip = 1
-            if not self.idle and self._stretch_done(MIN_STRETCH_S):
-                self._decide()
-            self.mid_epoch = not framework and inner is loader and self._mid_epoch(inner)
             self.ran = L.knobs_of(inner)
-            with self._applying():
-                self._apply(inner)
+            self.role = self._role()
+            if self.role.role in ("waiting", "follower"):
+                self._hold(inner)
+            else:
+                if not self.idle and self._stretch_done(MIN_STRETCH_S):
+                    self._decide()
+                self.mid_epoch = not framework and inner is loader and self._mid_epoch(inner) and self.peers is None
+                with self._applying():
+                    self._apply(inner)
+            self._tell(inner)
             self.rng = L.rng_states(inner) if L.knobs_of(inner) != self.ran else None
             if framework and self.restore is not None:
                 self.armed = ExitStack()  # until the framework's iterator gives its first batch
@@ -184,6 +204,7 @@ class Tuner:
         """The epoch's iterator is built (or a framework is building it): the batches from
         now on are one segment, timed from here."""
         self.loader = loader
+        self.epoch_last_ns = self.clock() if self.peers is not None else None
         if self.idle:
             return
         self.last_ns = self.clock()
@@ -197,9 +218,16 @@ class Tuner:
         self.batches += 1
         if self.armed is not None:
             self._release()
+        if self.epoch_last_ns is not None:  # the epoch's data wait, settled or not: the ranks compare it
+            self.epoch_s += (now_ns - self.epoch_last_ns) / 1e9
+            self.epoch_wait_s += waited_ns / 1e9
+            self.epoch_batches += 1
+            self.epoch_last_ns = now_ns
         if self.idle:
             return False
         last, self.last_ns = self.last_ns, now_ns
+        if self.until_boundary:
+            return False
         if self.find_workers:
             with self._timed(), self._guarded():
                 self._look_up_workers(None)
@@ -262,7 +290,7 @@ class Tuner:
         """The new setting starts with the next iterator: nothing is measured until then, where
         the batches would be credited to a setting that is not running."""
         self.mid_epoch = False
-        self.skip = 1 << 62
+        self.until_boundary = True
         self.durations = []
         self.readings = []
 
@@ -280,7 +308,7 @@ class Tuner:
         """Enough of the stretch to judge: past its least length, a trial once its gain or
         loss is clear of the noise (or its time is up), the kept setting once its rate is
         known well enough to judge the next trial against."""
-        if self.skip > 0 or len(self.durations) < MIN_STRETCH_BATCHES:
+        if self.skip > 0 or self.until_boundary or len(self.durations) < MIN_STRETCH_BATCHES:
             return False
         seconds = sum(self.durations)
         if seconds < least_s:
@@ -366,9 +394,93 @@ class Tuner:
         explorer = self.explorer
         if explorer is None:
             return
+        target = explorer.current
+        if self.role.role == "leader" and self.plan is None and target != self.ran:
+            # Every rank makes the change at the next boundary (the followers read it meanwhile):
+            # until then nothing is measured, as the ranks still run the old setting.
+            self.plan = (self.epoch + 1, target)
+            self._wait_for_the_boundary()
+            return
+        if self.plan is not None and self.epoch < self.plan[0]:
+            return
+        self.plan = None
+        self._set(inner, target)
+
+    def _set(self, inner, target: Knobs) -> None:
         seed = L.base_seed(inner)
-        if L.apply(inner, explorer.current):
+        if L.apply(inner, target):
             self.restore = (inner, seed)
+
+    # --- the other ranks of the job ----------------------------------------------------------
+
+    def _role(self) -> R.Decision:
+        """This rank's role among its peers at this boundary (alone where it has none)."""
+        # This epoch's own reading only: a wait from before a change (or none, while a change
+        # waits for the boundary) would name a straggler that is not one.
+        self.last_wait = self._epoch_wait()
+        if not self.coordinated:
+            self.coordinated = True
+            try:
+                found = self.board_for(self.name)
+                self.peers = R.Peers(*found) if found is not None else None
+                if self.peers is not None:
+                    atexit.register(self.peers.close)  # a later job of the same name starts afresh
+            except Exception as e:
+                self._alone(e)
+        if self.peers is None:
+            return R.Decision("alone")
+        try:
+            role = R.role_of(self.peers.rank, self.last_wait, self.epoch, self.peers.others())
+        except Exception as e:
+            self._alone(e)
+            return R.Decision("alone")
+        if role.role not in ("waiting", "follower") and self.role.role in ("waiting", "follower"):
+            self.reason = ""
+            if self.explorer is not None and self.ran is not None and self.ran != self.explorer.current:
+                # Back to exploring after following another rank: from the setting it runs now.
+                self.explorer = Explorer(self.ran)
+                self.plan = None
+        return role
+
+    def _epoch_wait(self) -> float | None:
+        """The last epoch's data wait, then a new epoch's count begins."""
+        seconds, waited, batches = self.epoch_s, self.epoch_wait_s, self.epoch_batches
+        self.epoch_s = self.epoch_wait_s = 0.0
+        self.epoch_batches = 0
+        return min(1.0, waited / seconds) if seconds > 0 and batches >= 8 else None
+
+    def _hold(self, inner) -> None:
+        """A rank that waits for another, or follows the leader: it does not explore; a
+        follower runs the leader's setting. Its data wait is measured afresh each epoch."""
+        role = self.role
+        self.reason = f"waits for rank {role.peer}" if role.role == "waiting" else f"follows rank {role.peer}"
+        self.mid_epoch = False
+        if self.state == "settled":
+            self.state = "measuring"  # its data wait is read every epoch: its role may change
+        if role.role == "follower" and role.follow is not None and role.follow != self.ran:
+            with self._applying():
+                self._set(inner, role.follow)
+        self.durations = []
+        self.wait_ns = 0
+        self.readings = []
+        self._publish()
+
+    def _tell(self, inner) -> None:
+        if self.peers is None:
+            return
+        plan_from, plan = self.plan if self.plan is not None else (None, None)
+        try:
+            self.peers.tell(R.Entry(self.peers.rank, self.epoch, self.last_wait, L.knobs_of(inner), plan_from, plan,
+                                    time.time()))
+        except Exception as e:
+            self._alone(e)
+
+    def _alone(self, error: Exception) -> None:
+        self.peers = None
+        self.role = R.Decision("alone")
+        self.plan = None
+        _warn_once(f"loadertop tune {self.name}: the ranks of this job cannot coordinate "
+                   f"({type(error).__name__}: {error}); each rank tunes alone")
 
     def _go_back(self, loader) -> None:
         """Off: put the last setting measured good back, once."""
