@@ -28,6 +28,10 @@ SCENARIOS = {
               ["--workers", "2", "--epoch-items", "32", "--batch-size", "8", "--step-ms", "20"]),
     "shm": ("large batches in a 64 MB /dev/shm (Docker's default): shm pressure",
             ["--workers", "2", "--tensor-kb", "1024", "--batch-size", "8", "--step-ms", "300", "--persistent"]),
+    # Under torchrun: two ranks of a DDP model in lockstep; rank 1 reads a slow shard.
+    "ranks": ("two DDP ranks under torchrun, rank 1 reading a slow shard: rank 0 waits for it",
+              ["--dist", "--ddp", "--workers", "1", "--sleep-ms", "0.5", "--slow-rank", "1", "--slow-sleep-ms", "10",
+               "--batch-size", "8", "--step-ms", "5", "--persistent"]),
     "memory": ("workers read millions of Python objects: copy-on-read growth",
                ["--workers", "2", "--objects", "3000000", "--objects-per-item", "150", "--item-ms", "10",
                 "--batch-size", "4", "--step-ms", "5", "--persistent"]),
@@ -61,7 +65,8 @@ def start_job(scenario: str, duration_s: float = 24 * 3600, argv0: str | None = 
     _, flags = SCENARIOS[scenario]
     if tune:
         flags = [*flags, "--tune", "--epoch-items", str(TUNE_EPOCH_ITEMS)]
-    cmd = [argv0 or sys.executable, "-m", "loadertop.demo_job", *flags, "--duration", str(duration_s)]
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"] if scenario == "ranks" else []
+    cmd = [argv0 or sys.executable, *launcher, "-m", "loadertop.demo_job", *flags, "--duration", str(duration_s)]
     env = None
     if argv0:
         # The interpreter finds its own prefix (and torch) from argv[0] on PATH.

@@ -26,6 +26,7 @@ SHOTS = {
     "starved": ("starved", (120, 36), "input_bound"),
     "healthy": ("healthy", (120, 36), None),
     "oversubscribed": ("threads", (120, 36), "worker_threads"),
+    "ranks": ("ranks", (120, 36), "waits_for_rank"),
     "starved-80x24": ("starved", (80, 24), "input_bound"),
     # The starved demo with watch(tune=True): shot once the tuner settled.
     "tuned": ("starved", (120, 36), SETTLED),

@@ -218,3 +218,12 @@ async def test_the_live_view_shows_the_job_with_its_straggler_first_and_selects_
         await pilot.press("2")
         await wait_until(pilot, lambda: "WAITS FOR RANK 1" in text_of(app, HeaderPanel))
         assert "rank 0/2" in text_of(app, HeaderPanel)
+
+
+def test_the_html_report_opens_with_the_job():
+    from loadertop.outputs.report_html import render as render_html
+
+    history = job_story(INPUT)
+    html = render_html(build_report(history, diagnose(history)), history)
+    assert "<title>loadertop report: INPUT-BOUND on rank 1 of 2</title>" in html
+    assert "<li><b>Job <code>run:ddp-7</code>, ranks 2: INPUT-BOUND on rank 1 of 2</b>. The job waits for rank 1" in html

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from ..fields import REPORT_COLUMNS, WORKER_FIELD, row, worker_label
 from ..model import Snapshot, TrainerSnapshot
 from ..verdict import verdict_of_report
-from .report_md import plan_line, processes
+from .report_md import job_lines, plan_line, processes
 from .report_md import render as render_md
 
 
@@ -142,7 +142,10 @@ def _charts(pid: int, snapshots: Sequence[Snapshot]) -> list[str]:
 
 
 def render(report: dict, snapshots: Sequence[Snapshot]) -> str:
-    summary = "".join(
+    # A job of many ranks first: its verdict and the rank it waits for.
+    summary = "".join(f"<li><b>{_code(line.strip('*').split('.**', 1)[0])}</b>.{_code(line.split('.**', 1)[1])}</li>"
+                      for line in job_lines(report) if line.startswith("**Job"))
+    summary += "".join(
         f"<li><b>Trainer {e(t['pid'])}: {e(t.get('verdict') or 'n/a')}</b>. {_code(plan_line(t))}</li>"
         for t in report["trainers"]
     )
