@@ -211,6 +211,7 @@ def _run_tui(source, on_exit=None, connect=None) -> int:
 
 
 def cmd_monitor(args: argparse.Namespace) -> int:
+    _check_pids(args.pids)  # a PID that cannot be watched is the first thing to say
     _require_terminal()
     from .tui.source import LiveSource
 
@@ -219,7 +220,6 @@ def cmd_monitor(args: argparse.Namespace) -> int:
 
     if not args.pids:  # the picker attaches with the same options
         return _run_tui(None, connect=connect)
-    _check_pids(args.pids)
     return _run_tui(connect(args.pids))
 
 
@@ -251,6 +251,28 @@ def _check_pids(pids: Sequence[int]) -> None:
             # Every orphan on the host is init's child: it would take every DataLoader job.
             raise UsageError(f"PID 1 is {st.comm}, the init process, parent of every job on this machine: "
                              "give the training process's PID (`loadertop` lists them)")
+        if not _starts_python(st):
+            raise UsageError(f"PID {pid} is {st.comm}, not Python, and starts no Python process: give the PID of "
+                             "the training script (python train.py) or its launcher (`loadertop` lists them)")
+
+
+def _starts_python(st) -> bool:
+    """The process is Python, or a wrapper (a shell, srun, a container's init) with Python
+    under it; a process not readable to us counts as Python (the sampler says what it can)."""
+    from .probes import procfs
+    from .probes.discovery import runs_python
+
+    for pid in (st.pid, *procfs.descendants(st.pid)):
+        other = procfs.read_stat(pid) if pid != st.pid else st
+        if other is None:
+            continue
+        try:
+            args = procfs.cmdline(pid) or []
+        except PermissionError:
+            return True
+        if runs_python(other, args) or other.comm in ("pt_elastic", "pt_data_worker"):
+            return True
+    return False
 
 
 def _check_output(path: str, formats: tuple[str, ...] = REPORT_FORMATS) -> None:

@@ -111,3 +111,9 @@ def loadertop(*args: str, timeout: float = 120.0, **kw) -> subprocess.CompletedP
     env = dict(os.environ)
     env.setdefault("PYTHONPATH", str(REPO))
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, **kw)
+
+
+def python_sleeper(*args, seconds: int = 60, **popen_kw) -> subprocess.Popen:
+    """A Python process that sleeps, with `args` on its command line: a target loadertop
+    accepts (it refuses one that is not Python and starts none)."""
+    return subprocess.Popen([PYTHON, "-c", f"import time; time.sleep({seconds})", *args], **popen_kw)

@@ -307,7 +307,7 @@ def test_with_warnings_as_errors_the_tuner_still_never_raises_into_the_loop(capl
     assert any("would not stop" in r.getMessage() for r in caplog.records)
 
 
-# --- the ranks of one job tuning together (autotune/ranks.py) -------------------------------
+# --- the ranks of one job tuning together (autotune/peers.py) -------------------------------
 
 
 def lockstep(tuners, loaders, epochs, own, batches=60):
@@ -336,8 +336,22 @@ def lockstep(tuners, loaders, epochs, own, batches=60):
     return seen
 
 
+@pytest.fixture
+def quiet_host(monkeypatch):
+    """The CPUs a tuner plans with, fixed: 8 of its own, nothing else running (the suite's
+    own load on this machine must not decide what a synthetic job's tuner does)."""
+    from loadertop.autotune import readings
+    from loadertop.rules.measure import CpuBudget
+
+    def budget(self, first, last, used):
+        return CpuBudget(cpus=8.0, cpu_set=8, quota=None, shared_with=0, others_busy=0.0, used=used, throttled=None,
+                         limit="cpus")
+
+    monkeypatch.setattr(readings.Self, "budget", budget)
+
+
 def ranked_tuners(tmp_path, n=2):
-    from loadertop.autotune import ranks as R
+    from loadertop.autotune import peers as R
 
     tuners = []
     for r in range(n):
@@ -347,7 +361,7 @@ def ranked_tuners(tmp_path, n=2):
     return tuners
 
 
-def test_a_rank_that_waits_for_a_slow_shard_does_not_explore_and_the_straggler_does(tmp_path):
+def test_a_rank_that_waits_for_a_slow_shard_does_not_explore_and_the_straggler_does(tmp_path, quiet_host):
     tuners = ranked_tuners(tmp_path)
     loaders = [Loader(workers=1), Loader(workers=1)]
     # Rank 1's items are slow (its loader gains from workers up to 4); rank 0's are fast.
@@ -358,7 +372,7 @@ def test_a_rank_that_waits_for_a_slow_shard_does_not_explore_and_the_straggler_d
     assert "try" not in [d.action for d in tuners[0].decisions]
 
 
-def test_balanced_ranks_change_together_from_the_leaders_decisions(tmp_path):
+def test_balanced_ranks_change_together_from_the_leaders_decisions(tmp_path, quiet_host):
     tuners = ranked_tuners(tmp_path)
     loaders = [Loader(workers=1), Loader(workers=1)]
     # Both loaders alike: slow items, gaining from workers up to 4.
@@ -392,7 +406,7 @@ def test_ranks_that_cannot_coordinate_tune_alone_after_one_warning(tmp_path):
 
 
 def test_a_rank_role_from_its_peers_entries():
-    from loadertop.autotune.ranks import Entry, role_of
+    from loadertop.autotune.peers import Entry, role_of
 
     one = Knobs(1, 2)
     peer = Entry(1, 3, 0.8, one, at=0.0)

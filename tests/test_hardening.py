@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from jobs import REPO, descendants, loadertop, state, wait_for
+from jobs import REPO, descendants, loadertop, python_sleeper, state, wait_for
 from test_export import free_port, scrape
 from test_tui import wait_until
 
@@ -25,7 +25,8 @@ SECRETS = ("k-secret-9", "t-secret-8", "p-secret-7", "url-secret-6", "wandb-secr
 def secret_target():
     """A process with secrets on its command line and in its environment."""
     p = subprocess.Popen(
-        ["sh", "-c", "sleep 60", "sh", "--api-key", "k-secret-9", "--token=t-secret-8",
+        # A Python process (loadertop refuses one that is not Python and starts none).
+        [sys.executable, "-c", "import time; time.sleep(60)", "--api-key", "k-secret-9", "--token=t-secret-8",
          "PASSWORD=p-secret-7", "https://user:url-secret-6@host/data"],
         env={"PATH": os.environ["PATH"], "WANDB_API_KEY": "wandb-secret-1234", "OMP_NUM_THREADS": "2"},
         start_new_session=True,
@@ -108,7 +109,7 @@ def test_a_report_is_never_written_through_a_symlink(tmp_path):
     victim.write_text("keep me")
     link = tmp_path / "report.json"
     link.symlink_to(victim)
-    target = subprocess.Popen(["sleep", "30"])
+    target = python_sleeper(seconds=30)
     try:
         r = loadertop("snapshot", str(target.pid), "--duration", "0.5", "--interval", "0.25", "--no-stacks",
                       "-o", str(link))

@@ -18,7 +18,7 @@ import zlib
 from types import SimpleNamespace
 
 import pytest
-from jobs import REPO, loadertop, wait_for
+from jobs import REPO, loadertop, python_sleeper, wait_for
 from synth import snapshot, trainer
 
 from loadertop.outputs import record
@@ -176,7 +176,7 @@ def test_reports_and_recordings_are_private_whole_and_utf8(tmp_path):
 
 def test_an_ascii_locale_and_a_non_utf8_command_line_still_write_the_report(tmp_path):
     # A command line with bytes that are not UTF-8, written under LC_ALL=C.
-    target = subprocess.Popen(["sh", "-c", "sleep 30", b"sh-\xff\xfe-caf\xc3\xa9"])
+    target = python_sleeper(b"sh-\xff\xfe-caf\xc3\xa9", seconds=30)
     try:
         out = tmp_path / "r.md"
         env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONIOENCODING": "ascii"}
@@ -252,6 +252,24 @@ def test_a_folder_link_another_user_planted_in_the_output_path_is_refused(tmp_pa
 def test_bad_numbers_are_one_line_errors(args, message):
     r = loadertop(*args)
     assert r.returncode == 2 and message in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+@pytest.mark.parametrize("command", [["snapshot"], ["record", "-o", "/tmp/never.rec"], ["export", "--listen", "127.0.0.1:1"], []])
+def test_a_pid_that_is_not_python_and_starts_none_is_refused_in_one_line(command):
+    # `loadertop snapshot <sleep's pid>` exited 0 with a full report titled NO DATA WAIT MEASURED.
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        if not command:  # the live view
+            r = loadertop(str(sleeper.pid))
+        elif command[0] == "export":
+            r = loadertop("export", str(sleeper.pid), *command[1:])
+        else:
+            r = loadertop(command[0], str(sleeper.pid), *command[1:], "--duration", "1")
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, (r.returncode, r.stderr)
+        assert f"PID {sleeper.pid} is sleep, not Python" in r.stderr and "Traceback" not in r.stderr
+    finally:
+        sleeper.kill()
+        sleeper.wait()
 
 
 def test_pid_1_is_refused_unless_it_is_the_training_script():

@@ -181,6 +181,15 @@ def test_the_html_report_draws_one_series_per_worker_and_a_single_point_as_a_dot
     one = render(build_report(snaps[-1:]), snaps[-1:])
     wait_chart = one[one.index("Data wait"):one.index("GPU utilization")]
     assert "<circle" in wait_chart and "<polyline" not in wait_chart
+    # A 15 s snapshot whose first py-spy window closed at 10 s: its reading covers those 10 s.
+    from loadertop.model import DataWait
+
+    short = story(15, lambda t: snapshot(t, [trainer(wait=DataWait(None, None, None, (), 0, 10.0, 0.0) if t < 10
+                                                     else replace(trainer().data_wait, fraction=0.82,
+                                                                  window_s=10.0))], host()))
+    page = render(build_report(short), short)
+    wait_chart = page[page.index("Data wait"):page.index("GPU utilization")]
+    assert "<polyline" in wait_chart and "<circle" not in wait_chart
 
 
 @pytest.mark.unit

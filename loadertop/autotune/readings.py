@@ -68,6 +68,9 @@ class Self:
         self.limit: CpuLimit | None = cpu_limit("self")
         self.shm_path = shm_path
         self.local_world_size = _int_env("LOCAL_WORLD_SIZE") or 1
+        # The rank the others wait for (autotune/peers.py): it may take what they leave free,
+        # as they do not explore meanwhile.
+        self.straggler = False
 
     def read(self, worker_pids: list[int]) -> Reading:
         per_cpu = procfs.read_per_cpu_times()
@@ -95,7 +98,7 @@ class Self:
         ranks = self.local_world_size
         shared = ranks > 1 and size * ranks > (os.cpu_count() or size)
         cap = min(quota, size) if quota is not None else size
-        cpus = min(available, cap / ranks) if shared else available
+        cpus = min(available, cap / ranks) if shared and not self.straggler else available
         throttled = None
         if first.throttling and last.throttling and last.throttling[0] > first.throttling[0]:
             throttled = (last.throttling[1] - first.throttling[1]) / (last.throttling[0] - first.throttling[0])

@@ -31,7 +31,7 @@ from ..probes import procfs
 from ..probes.discovery import WORKER_COMM
 from ..vocabulary import TunePhase
 from . import loader as L
-from . import ranks as R
+from . import peers as R
 from . import readings as M
 from .policy import MIN_MEASURED_GAIN, Explorer, Stretch, chunk_rates, compare
 from .propose import propose
@@ -97,7 +97,7 @@ class Tuner:
         self.pending: Knobs | None = None  # the setting to go back to at the next boundary (off)
         self.last_rate: float | None = None
         self.clock = time.perf_counter_ns  # the hook's clock: batch times come from it too
-        # The other ranks of the job (autotune/ranks.py): None alone, or once coordination failed.
+        # The other ranks of the job (autotune/peers.py): None alone, or once coordination failed.
         self.peers: R.Peers | None = None
         self.coordinated = False  # the board was looked for (at the first boundary)
         self.role = R.Decision("alone")
@@ -142,6 +142,8 @@ class Tuner:
                 self.skip = 1
             self.ran = L.knobs_of(inner)
             self.role = self._role()
+            if self.me is not None:
+                self.me.straggler = self.role.role == "straggler"
             if self.role.role in ("waiting", "follower"):
                 self._hold(inner)
             else:
@@ -506,7 +508,9 @@ class Tuner:
 
     def as_dict(self) -> dict:
         explorer = self.explorer
-        current = explorer.current if explorer else None
+        # What the loader runs (a follower runs its leader's setting, not its own explorer's).
+        current = self._running() if self.peers is not None else None
+        current = current or (explorer.current if explorer else None)
         return {
             "state": self.state, "reason": self.reason, "epoch": self.epoch,
             "setting": current.as_dict() if current else None,

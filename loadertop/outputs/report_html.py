@@ -123,9 +123,16 @@ def _charts(pid: int, snapshots: Sequence[Snapshot]) -> list[str]:
     gpu: Series = {}
     cpu: Series = {}
     uss: Series = {}
+    start = history[0][0].time if history else 0.0
     for s, t in history:
         dw = t.data_wait.fraction if t.data_wait else None
-        wait.setdefault("data wait", []).append((s.time, dw * 100 if dw is not None else None))
+        line = wait.setdefault("data wait", [])
+        began = max(start, s.time - t.data_wait.window_s) if t.data_wait is not None else s.time
+        if dw is not None and began < s.time and not any(v is not None for _, v in line):
+            # The first reading describes the window before it: drawn over it, not as a dot
+            # (a short snapshot may hold one or two readings).
+            line.append((began, dw * 100))
+        line.append((s.time, dw * 100 if dw is not None else None))
         for g in s.gpus:
             if g.index in t.gpus:
                 gpu.setdefault(f"GPU{g.index}", []).append((s.time, g.utilization_percent))

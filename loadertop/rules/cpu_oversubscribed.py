@@ -35,7 +35,10 @@ def check(ctx: Context) -> Check:
                 "cpu_quota": budget.quota, "throttled_fraction": budget.throttled,
                 "other_processes_cpus": round(budget.others_busy, 2), "trainer_cpus_used": budget.used,
                 "load_avg_1m": ctx.snap.host.load_avg[0], "num_workers": m.num_workers, "cause": plan.cause,
-                "predicted_gain": plan.gain}
+                "predicted_gain": plan.gain,
+                # The gain the note states: with more CPUs, not with a setting (predicted_gain).
+                "with_more_cpus": ({"cpus": plan.bigger_budget[0], "predicted_gain": plan.bigger_budget[1]}
+                                   if plan.bigger_budget else None)}
     if plan.cause == P.QUOTA:
         title = (f"the trainer's {budget.quota:g}-CPU quota runs out in {throttled:.0%} of its periods; "
                  f"its threads wait {runqueue:.1f} s per second to run")
@@ -51,7 +54,7 @@ def check(ctx: Context) -> Check:
                 "(taskset, a cgroup cpuset, a dedicated node) or move the other work")
         if plan.bigger_budget:
             cpus, gain = plan.bigger_budget
-            note += f"; with {cpus:g} free CPUs ~{gain:+.0%} steps/s"
+            note += f"; with {cpus:g} CPUs of its own ~{gain:+.0%} steps/s"
     elif plan.cause == P.THREADS:
         lw = m.loader
         busy = lw.num_workers * (lw.busy_threads or 1.0) if lw else 0.0

@@ -24,6 +24,7 @@ class CpuOversubscribed(_Common):
     other_processes_cpus: float
     trainer_cpus_used: float | None
     load_avg_1m: float
+    with_more_cpus: dict[str, float] | None  # {cpus, predicted_gain}: what the note states
 
 
 class InputBound(_Common, total=False):

@@ -58,9 +58,8 @@ def check(ctx: Context) -> Check:
         if cap and plan.cause not in P.OVERSUBSCRIBED:
             note += f" ({cap})"
         if plan.cause in P.OVERSUBSCRIBED:
-            # The finding that carries the change: the pools' own, or what takes the CPUs.
-            note += ("; worker_threads says what to change" if plan.cause == P.THREADS
-                     else "; cpu_oversubscribed says what takes the CPUs")
+            # What takes the CPUs, said here: the finding that says more may not be shown.
+            note += "; " + _what_takes_the_cpus(ctx)
         elif plan.cause == P.LOADER_IO:
             note += "; read larger chunks, cache or prefetch the data closer to the job"
         else:
@@ -110,3 +109,17 @@ def _why(ctx: Context) -> str:
     if plan.cause == P.TOO_MANY_WORKERS:
         return f"the workers ({cpu} CPU each) and the loop keep the trainer's CPUs busy"
     return f"the workers are busy ({cpu} CPU each{doing})"
+
+
+def _what_takes_the_cpus(ctx: Context) -> str:
+    m, plan = ctx.measured, ctx.plan
+    budget = m.budget
+    if plan.cause == P.THREADS:
+        return "the workers' thread pools outnumber the CPUs: one thread per worker (worker_threads)"
+    if plan.cause == P.QUOTA:
+        throttled = f", throttled in {budget.throttled:.0%} of its periods" if budget.throttled else ""
+        return f"its {budget.quota:g}-CPU quota is what limits it{throttled}"
+    if plan.cause == P.BUSY_HOST:
+        return (f"other processes keep {budget.others_busy:.1f} of its {budget.cpu_set} CPUs busy: give the job "
+                "its own cores or move the other work")
+    return "its workers ask for more CPU than its CPUs give"

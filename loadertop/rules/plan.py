@@ -406,10 +406,11 @@ def make_plan(m: Measured, hung: bool = False) -> Plan:
     pressure = bool(m.shm_total and m.shm_peak and m.shm_peak >= T.SHM_WARNING * m.shm_total)
     bigger = None
     if budget.limit in ("quota", "busy_host") and cause in (QUOTA, BUSY_HOST, *INPUT_BOUND):
-        more = max(budget.cpus * 2, budget.cpus + 1)
-        more_gain = predict(t, chosen.setting, cpus=more).gain_over(current)
+        # Never more CPUs than it may run on (its affinity): a busy 2-CPU host frees 2 at most.
+        more = round(min(max(budget.cpus * 2, budget.cpus + 1), float(budget.cpu_set or budget.cpus + 1)), 1)
+        more_gain = predict(t, chosen.setting, cpus=more).gain_over(current) if more > budget.cpus + 0.05 else 0.0
         if more_gain >= T.MIN_GAIN:
-            bigger = (more, more_gain)
+            bigger = (more, round(more_gain, 2))
     gain: float | None = chosen.gain_over(current)
     wait_after = max(0.0, 1.0 - (1.0 - (m.wait or 0.0)) * chosen.relative(current)) if m.wait is not None else None
     if chosen.setting == now and not thread_change:

@@ -134,6 +134,12 @@ class HistoryRow(Horizontal):
         """The line, the value now and the range the line spans (with the value now, which
         the line shows once its slice is over)."""
         self._line.data = values
+        self._values = values
+        self.show_now(now)
+
+    def show_now(self, now: float | None) -> None:
+        """The value now, at every tick: the header's (the line moves once a slice is over)."""
+        values = getattr(self, "_values", [])
         text = human_percent(now).rjust(5)
         if values:
             low, high = min(*values, now if now is not None else values[0]), max(*values, now or 0.0)
@@ -195,6 +201,9 @@ class HistoryPanel(Vertical):
         drawn_view, drawn_slice, drawn_at = self._drawn or (None, None, float("-inf"))
         slice_no = int(snap.time // (self.window_s / width))
         if not now and view == drawn_view and (slice_no == drawn_slice or snap.time - drawn_at < MIN_REDRAW_S):
+            for name, row in self._rows.items():
+                series = lines[name]
+                row.show_now(series.last() if series is not None else None)
             return
         self._drawn = (view, slice_no, snap.time)
         self._title.update(f" HISTORY  last {self.window_s // 60} min, now at the right  (w: 1 / 5 / 15 min)",
