@@ -18,7 +18,8 @@ ORDER = (
     # A rank of a lockstep job that waits for another: the job's straggler is its cause.
     ((R.waits_for_rank.ID,), "WAITS FOR RANK", "yellow"),
     ((R.rank_straggler.ID,), "SLOWEST RANK", "red"),
-    ((R.cpu_oversubscribed.ID, R.worker_threads.ID, R.too_many_workers.ID), "OVERSUBSCRIBED", "yellow"),
+    ((R.cpu_oversubscribed.ID, R.worker_threads.ID, R.main_threads.ID, R.too_many_workers.ID), "OVERSUBSCRIBED",
+     "yellow"),
     ((R.input_bound.ID, R.main_process_bound.ID), "INPUT-BOUND", "red"),
     ((R.worker_memory_growth.ID,), "MEMORY GROWING", "yellow"),
     ((R.worker_respawn.ID, R.pin_memory_off.ID), "TUNE", "yellow"),

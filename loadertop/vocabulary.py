@@ -24,7 +24,8 @@ Severity = Literal["info", "warning", "critical"]
 TunePhase = Literal["warm-up", "measuring", "trying", "settled", "off"]
 TuneAction = Literal["try", "keep", "revert", "settle", "off"]
 # The root cause of a trainer's data wait (rules/plan.py says each), most fundamental first.
-Cause = Literal["stalled", "dispatched", "threads", "quota", "busy_host", "too_many_workers", "loader_cpu",
+Cause = Literal["stalled", "dispatched", "threads", "main_threads", "quota", "busy_host", "too_many_workers",
+                "loader_cpu",
                 "loader_io", "loader", "main_loading", "receiving", "none", "unknown"]
 # What bounds the CPUs a trainer can get (rules/measure.py).
 CpuLimitKind = Literal["cpus", "quota", "shared", "busy_host"]
@@ -48,6 +49,7 @@ class Change(TypedDict, total=False):
     DataLoader: dict[str, SettingValue]  # DataLoader(...) arguments (StatefulDataLoader's alike)
     TrainingArguments: dict[str, SettingValue]  # the Hugging Face Trainer's dataloader_* arguments
     env: dict[str, str]  # environment variables of the training job (OMP_NUM_THREADS)
+    script: str  # a call in the training script (torch.set_num_threads(1)), where the setting is made there
     docker: dict[str, str]  # the container's settings (shm_size)
     dataset: str  # the dataset class of the loader the change is for
 

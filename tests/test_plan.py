@@ -458,3 +458,36 @@ def test_what_a_job_claims_of_its_loader_cannot_make_the_plan_weigh_millions_of_
     assert 0 < len(weighed) <= T.MAX_EVIDENCE_SETTINGS
     assert all(f.change is None or f.change.get("DataLoader", {}).get("num_workers", 0) <= T.MAX_WORKERS
                for f in findings)
+
+
+def main_pool(t, busy=2, cpu=150.0, env=(), wait=0.22, workers=2):
+    tr = trainer(workers=workers, worker_cpu=70.0, wait=wait, usable=2, cpu_set=(0, 1), env=env,
+                 main=process(TRAINER, cpu, threads=6, busy_threads=busy, runqueue_wait_s_per_s=0.3))
+    return snapshot(t, [tr], host(2, cpu=100.0))
+
+
+def test_the_loops_own_threads_that_take_the_workers_cpus_are_limited_where_they_are_set():
+    # Issue 35: a small CPU model at torch's default threads (one per CPU) beside 2 workers on 2
+    # CPUs: the loop burned 38-70 ms of CPU a step on 2 spinning threads, and OMP_NUM_THREADS=1
+    # made it 1.82x faster, while loadertop proposed workers.
+    findings, plan = plan_of(story(30, main_pool))
+    assert plan.cause == "main_threads" and plan.chosen.main_threads == 1 and plan.gain > 0.1
+    main = next(f for f in findings if f.id == "main_threads")
+    assert main.change == {"env": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}}
+    assert "torch.set_num_threads(1)" in main.suggestion and main.evidence["proposed_main_threads"] == 1
+    assert not any(f.change and "DataLoader" in f.change and f.change["DataLoader"].get("num_workers", 0) > 2
+                   for f in findings)  # more workers is not the answer
+    assert verdict(story(30, main_pool)[-1].trainers[0], findings)[0] == "OVERSUBSCRIBED"
+
+
+def test_a_loop_on_one_thread_or_with_cpus_to_spare_is_left_alone():
+    findings, plan = plan_of(story(30, lambda t: main_pool(t, busy=1, cpu=90.0)))
+    assert plan.cause != "main_threads" and "main_threads" not in {f.id for f in findings}
+    roomy = lambda t: replace(main_pool(t), trainers=tuple(replace(tr, usable_cpus=8, cpu_set=tuple(range(8)))  # noqa: E731
+                                                          for tr in main_pool(t).trainers), host=host(8, cpu=40.0))
+    assert plan_of(story(30, roomy))[1].cause != "main_threads"
+
+
+def test_where_the_environment_already_limits_the_threads_the_script_is_what_raised_them():
+    findings, plan = plan_of(story(30, lambda t: main_pool(t, env=(("OMP_NUM_THREADS", "1"),))))
+    assert plan.change("threads") == {"script": "torch.set_num_threads(1)"}

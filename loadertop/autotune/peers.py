@@ -32,6 +32,7 @@ from typing import Literal
 
 from ..model import Knobs
 from ..rules.thresholds import RANK_GAP  # data waits this far apart are not noise: the monitor's
+
 FRESH_S = 600.0  # a peer's entry older than this is gone (the rank ended, or stopped tuning)
 MAX_STORE_RANKS = 64  # past this many ranks the store is not read key by key: the node's files are
 

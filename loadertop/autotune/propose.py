@@ -15,7 +15,7 @@ from .policy import MIN_MEASURED_GAIN, Proposal, Stretch, neighbours, with_worke
 
 # Run-queue wait of the loop's busy threads, seconds per second, from which its CPUs count as
 # contended: the workers' bursts preempt the step's own threads.
-CONTENDED_RUNQUEUE = 0.03
+CONTENDED_RUNQUEUE = T.MAIN_QUEUED_SHARE
 CONTENDED_CPU_SHARE = 0.9  # or the trainer keeps this share of its CPUs busy
 
 

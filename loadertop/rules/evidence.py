@@ -161,3 +161,13 @@ class WaitsForRank(_Ranks):
 class RankStraggler(_Ranks):
     others_wait_fraction: float | None  # the median wait of the ranks that wait for it
     waiting_ranks: list[int]
+
+
+class MainThreads(_Common):
+    main_busy_threads: float
+    main_cpu_percent: float | None
+    main_runqueue_wait_s_per_s: float
+    main_cpu_s_per_step: float | None  # with the hook's steps per second
+    proposed_main_threads: int
+    cpus: float
+    data_wait_fraction: float | None

@@ -116,6 +116,8 @@ def _what_takes_the_cpus(ctx: Context) -> str:
     budget = m.budget
     if plan.cause == P.THREADS:
         return "the workers' thread pools outnumber the CPUs: one thread per worker (worker_threads)"
+    if plan.cause == P.MAIN_THREADS:
+        return "the training loop's own threads take the CPUs its workers need (main_threads)"
     if plan.cause == P.QUOTA:
         throttled = f", throttled in {budget.throttled:.0%} of its periods" if budget.throttled else ""
         return f"its {budget.quota:g}-CPU quota is what limits it{throttled}"

@@ -24,6 +24,7 @@ from .throughput import Prediction, Setting, Terms, predict, terms
 STALLED: Cause = "stalled"  # a hang: workers stopped or idle while the loop waits
 DISPATCHED: Cause = "dispatched"  # the loop waits for another rank to send its batch (Accelerate)
 THREADS: Cause = "threads"  # the workers' thread pools oversubscribe the CPUs
+MAIN_THREADS: Cause = "main_threads"  # the training loop's own threads take the CPUs its workers need
 QUOTA: Cause = "quota"  # the trainer's CPU quota runs out
 BUSY_HOST: Cause = "busy_host"  # other processes take the trainer's CPUs
 TOO_MANY_WORKERS: Cause = "too_many_workers"  # its own workers ask for more CPUs than it has
@@ -35,10 +36,10 @@ RECEIVING: Cause = "receiving"  # the workers are ahead; the loop waits receivin
 NONE: Cause = "none"
 UNKNOWN: Cause = "unknown"  # no data wait measured
 
-CAUSE_ORDER: tuple[Cause, ...] = (STALLED, DISPATCHED, THREADS, QUOTA, BUSY_HOST, TOO_MANY_WORKERS, LOADER_CPU,
-                                  LOADER_IO, LOADER, MAIN_LOADING, RECEIVING, NONE, UNKNOWN)
+CAUSE_ORDER: tuple[Cause, ...] = (STALLED, DISPATCHED, THREADS, MAIN_THREADS, QUOTA, BUSY_HOST, TOO_MANY_WORKERS,
+                                  LOADER_CPU, LOADER_IO, LOADER, MAIN_LOADING, RECEIVING, NONE, UNKNOWN)
 INPUT_BOUND: tuple[Cause, ...] = (LOADER_CPU, LOADER_IO, LOADER)
-OVERSUBSCRIBED: tuple[Cause, ...] = (THREADS, QUOTA, BUSY_HOST, TOO_MANY_WORKERS)
+OVERSUBSCRIBED: tuple[Cause, ...] = (THREADS, MAIN_THREADS, QUOTA, BUSY_HOST, TOO_MANY_WORKERS)
 
 # What bounds the CPUs (measure.CpuBudget.limit), in the user's words.
 CPU_LIMITS = {
@@ -93,6 +94,8 @@ class Plan:
             # The thread limit goes beside the worker settings: its env, or its DataLoader argument.
             if "env" in self.thread_change:
                 out["env"] = {**out.get("env", {}), **self.thread_change["env"]}
+            if "script" in self.thread_change:
+                out["script"] = self.thread_change["script"]
             if "DataLoader" in self.thread_change:
                 out["DataLoader"] = {**out.get("DataLoader", {}), **self.thread_change["DataLoader"]}
         if "shm" in parts and self.shm_size:
@@ -173,7 +176,8 @@ class Plan:
             "cause": self.cause,
             "loader": self.loader,
             "setting": {"num_workers": self.chosen.num_workers, "prefetch_factor": self.chosen.prefetch_factor,
-                        "threads_per_worker": self.chosen.threads_per_worker or None},
+                        "threads_per_worker": self.chosen.threads_per_worker or None,
+                        "main_threads": self.chosen.main_threads or None},
             "current": {"num_workers": self.now.num_workers, "prefetch_factor": self.now.prefetch_factor},
             "change": self.change("workers", "threads", "shm"),
             "predicted_gain": None if self.gain is None else round(self.gain, 4),
@@ -189,6 +193,9 @@ def describe_threads(change: Change) -> str:
     env = change.get("env")
     if env:
         return " ".join(f"{k}={v}" for k, v in env.items())
+    script = change.get("script")
+    if script:
+        return str(script)
     init = (change.get("DataLoader") or {}).get("worker_init_fn")
     return f"DataLoader(worker_init_fn={init})" if init else ""
 
@@ -205,6 +212,8 @@ def _cause(m: Measured, t: Terms | None, hung: bool) -> Cause:
         return DISPATCHED  # its own loader is not what it waits on: no setting here helps
     if lw is not None and _pools_oversubscribe(m):
         return THREADS
+    if t is not None and main_threads_take_cpus(m) and _fewer_main_threads_gain(m, t):
+        return MAIN_THREADS
     budget = m.budget
     # Periods that ran out of quota say the quota binds, whatever else takes the CPUs.
     if budget.quota is not None and (budget.throttled or 0.0) >= T.THROTTLED_SHARE:
@@ -237,6 +246,50 @@ def _pools_oversubscribe(m: Measured) -> bool:
     if lw is None or lw.busy_threads is None or lw.busy_threads < T.WORKER_BUSY_THREADS:
         return False
     return lw.num_workers * lw.busy_threads + m.main_demand > m.budget.cpus + T.POOL_SLACK_CPUS
+
+
+def main_threads_take_cpus(m: Measured) -> bool:
+    """The training loop runs a pool of busy threads (torch's intra-op, OpenMP, MKL) that,
+    with its workers' threads, outnumber its CPUs, and that costs the loop: it waits for data
+    (its workers short of CPU) or its own threads queue for one. torch starts one intra-op
+    thread per CPU; between small ops they spin, taking CPUs the workers need."""
+    busy = m.main_busy_threads
+    if busy < T.WORKER_BUSY_THREADS:
+        return False
+    lw = m.loader
+    workers = lw.num_workers * max(1.0, lw.busy_threads or 1.0) if lw is not None and lw.num_workers else 0.0
+    if busy + workers <= m.budget.cpus + T.POOL_SLACK_CPUS:
+        return False
+    waits = (m.wait or 0.0) >= T.DATA_WAIT_WARNING
+    queued = m.main_runqueue / busy >= T.MAIN_QUEUED_SHARE
+    return waits or queued
+
+
+def _fewer_main_threads_gain(m: Measured, t: Terms) -> bool:
+    """The model predicts the limit faster (a step that truly computes in parallel is not)."""
+    lw = m.loader
+    now = Setting(m.num_workers, 0, lw.prefetch_factor if lw else T.DEFAULT_PREFETCH)
+    limited = Setting(now.num_workers, 0, now.prefetch_factor, main_threads_limit(m))
+    return predict(t, limited).gain_over(predict(t, now)) >= T.MIN_GAIN
+
+
+def main_threads_limit(m: Measured) -> int:
+    """The loop's threads that leave its workers their CPUs: what is left of the CPUs after
+    the workers' demand, at least one, fewer than it runs now."""
+    lw = m.loader
+    demand = lw.demand * lw.num_workers if lw is not None and lw.num_workers else 0.0
+    left = int(m.budget.cpus - demand + 0.5)
+    return max(1, min(left, int(m.main_busy_threads) - 1))
+
+
+def _main_limit(m: Measured, n: int) -> Change:
+    """Where the loop's threads are set: at launch (OMP_NUM_THREADS, MKL_NUM_THREADS: torch
+    reads them at start), unless the environment already sets fewer and the script raises it
+    (then torch.set_num_threads in the script)."""
+    omp = m.env.get("OMP_NUM_THREADS", "")
+    if omp.isdigit() and int(omp) <= n:
+        return {"script": f"torch.set_num_threads({n})"}
+    return {"env": {"OMP_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n)}}
 
 
 def _starved(m: Measured) -> bool:
@@ -336,12 +389,14 @@ def _candidates(m: Measured, t: Terms, now: Setting, cause: str) -> list[Setting
     threads = [0]
     if cause == THREADS:
         threads = [1]
+    mains = [0, main_threads_limit(m)] if cause == MAIN_THREADS else [0]
     # Bounded whatever the job claims (a hook can say 4,096 workers and a prefetch of 65,536):
     # counts up to MAX_WORKERS and the one now, a few shallower prefetch depths.
     top = min(most_workers(m, now, cause), T.MAX_WORKERS)
     workers = sorted({*range(0 if now.num_workers == 0 else 1, top + 1), now.num_workers})
     prefetch = sorted({now.prefetch_factor, *(p for p in T.PREFETCH_CANDIDATES if p < now.prefetch_factor)})
-    return [Setting(n, k, p if n else now.prefetch_factor) for n in workers for k in threads for p in prefetch]
+    return [Setting(n, k, p if n else now.prefetch_factor, main) for n in workers for k in threads for p in prefetch
+            for main in mains]
 
 
 def make_plan(m: Measured, hung: bool = False) -> Plan:
@@ -381,8 +436,8 @@ def make_plan(m: Measured, hung: bool = False) -> Plan:
         # Fewer workers, then fewer threads, then prefetch as it is (a change for nothing
         # is a cost), then a shallower one.
         s = p.setting
-        return (s.num_workers, s.threads_per_worker or 99, s.prefetch_factor != now.prefetch_factor,
-                s.prefetch_factor)
+        return (s.num_workers, s.threads_per_worker or 99, s.main_threads != now.main_threads,
+                s.prefetch_factor != now.prefetch_factor, s.prefetch_factor)
 
     best = max(options or [current], key=lambda p: p.relative(current))
     good = [p for p in options or [current] if p.relative(current) >= (1 - T.TOLERANCE) * best.relative(current)]
@@ -398,6 +453,8 @@ def make_plan(m: Measured, hung: bool = False) -> Plan:
             chosen = current
     if cause == THREADS and chosen.setting.threads_per_worker != 1:
         chosen = predict(t, Setting(chosen.setting.num_workers, 1, chosen.setting.prefetch_factor))
+    if chosen.setting.main_threads:
+        thread_change = base["thread_change"] = _main_limit(m, chosen.setting.main_threads)
     # What the model read and what it predicts for each setting it weighed: the figures
     # behind the change, for anyone who wants to check it against a measurement.
     evidence["model"] = _model_evidence(t, current, options)

@@ -134,6 +134,10 @@ MAX_PREFETCH = 64
 PREFETCH_CANDIDATES = (1, 2, 3, 4, 6, 8, 16)
 MAX_EVIDENCE_SETTINGS = 24
 
+# The training loop's busy threads queue for a CPU this share of the time each: its own pool
+# and its workers contend (rules/plan.main_threads_take_cpus).
+MAIN_QUEUED_SHARE = 0.03
+
 # Jobs of many ranks (rules/ranks.py): a rank whose data wait stands this far (a share of the
 # loop) above the median of the others' is the job's input straggler, and a rank waits for
 # the others when its sync share stands this far above the job's lowest. 15 points: py-spy's

@@ -40,11 +40,13 @@ class Setting:
     num_workers: int
     threads_per_worker: int  # 0: as now (whatever pools the workers run)
     prefetch_factor: int
+    main_threads: int = 0  # the training loop's intra-op threads; 0: as now
 
     def label(self) -> str:
-        """'w=2 pf=2', 'w=2 pf=4 t=1': how the plan's evidence names a setting."""
+        """'w=2 pf=2', 'w=2 pf=4 t=1', 'w=2 pf=2 main=1': how the plan's evidence names a setting."""
         text = f"w={self.num_workers} pf={self.prefetch_factor}"
-        return text + (f" t={self.threads_per_worker}" if self.threads_per_worker else "")
+        text += f" t={self.threads_per_worker}" if self.threads_per_worker else ""
+        return text + (f" main={self.main_threads}" if self.main_threads else "")
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,17 @@ def predict(t: Terms, s: Setting, cpus: float | None = None) -> Prediction:
         main_cpu = t.m
         latency = t.latency
         cpu_per_batch = t.cpu_per_batch
+    main_threads = t.main_threads
+    if s.main_threads and s.main_threads < t.main_threads:
+        # The loop's pool limited: what its busy threads burn beyond the CPUs the workers leave
+        # is spinning and preempting (as for the workers' pools); the useful rest runs on fewer
+        # threads, so its busiest thread's share of the step grows (a truly parallel step slows).
+        crowd = t.main_threads + cpu_per_batch * (1.0 if t.n else 0.0)
+        useful = t.m * min(1.0, k_cpus / max(1e-3, crowd)) ** T.POOL_WASTE_EXPONENT
+        main_cpu = max(useful, t.m * s.main_threads / t.main_threads)
+        busiest_now = t.m / max(1.0, t.main_threads)
+        serial = max(T.MIN_SERIAL_SHARE, serial - busiest_now + main_cpu / s.main_threads)
+        main_threads = float(s.main_threads)
         if s.threads_per_worker == 1 and t.threads > 1.0:
             # One thread: only the pool's useful work remains, run serially; the waiting
             # stays the same.
@@ -165,7 +178,8 @@ def predict(t: Terms, s: Setting, cpus: float | None = None) -> Prediction:
     workers = s.num_workers / max(1e-3, latency)
     cpu = k_cpus / max(1e-3, main_cpu + cpu_per_batch)
 
-    main = min(1.0 / serial, _main_among_workers(t, s, serial, main_cpu, cpu_per_batch, workers, k_cpus))
+    main = min(1.0 / serial, _main_among_workers(t, s, serial, main_cpu, cpu_per_batch, workers, k_cpus,
+                                                 main_threads))
     # Where threads already queue for the CPUs, the CPUs are never idle: their bound is a hard
     # one, and fewer workers that still fill them lose nothing.
     rate = min(softmin(workers, main), cpu) if t.contended else softmin(workers, cpu, main)
@@ -174,7 +188,7 @@ def predict(t: Terms, s: Setting, cpus: float | None = None) -> Prediction:
 
 
 def _main_among_workers(t: Terms, s: Setting, serial: float, main_cpu: float, cpu_per_batch: float,
-                        workers: float, cpus: float) -> float:
+                        workers: float, cpus: float, main_threads: float) -> float:
     """The main process's rate when its workers' threads and its own outnumber the CPUs.
 
     The scheduler then gives each of its busy threads a fair share `sigma` of a CPU, so its
@@ -190,8 +204,8 @@ def _main_among_workers(t: Terms, s: Setting, serial: float, main_cpu: float, cp
     # favours the thread that wakes, and the loop wakes for every batch.
     runnable = min(cpus, s.num_workers * max(1.0, t.threads if s.threads_per_worker != 1 else 1.0),
                    cpu_per_batch * workers)
-    sigma = min(1.0, cpus / (max(1.0, t.main_threads) + runnable))
-    compute = main_cpu / max(1.0, t.main_threads)  # its busiest thread's CPU per step
+    sigma = min(1.0, cpus / (max(1.0, main_threads) + runnable))
+    compute = main_cpu / max(1.0, main_threads)  # its busiest thread's CPU per step
     if sigma >= 1.0 or compute <= 0.0:
         return float("inf")
     idle = max(0.0, serial - compute)  # serial time off the CPU (a GPU step, I/O)
