@@ -104,8 +104,12 @@ def main() -> int:
             run["waiting_changed"] = any(any(a == "try" for a, _, _ in rk["decisions"])
                                          for rk in run["ranks"] if (rk["reason"] or "").startswith("waits for"))
         if len(runs) == 2:
-            row["same_decisions"] = [rk["decisions"] for rk in runs[0]["ranks"]] == \
-                [rk["decisions"] for rk in runs[1]["ranks"]]
+            # The same decisions: actions and settings, rank by rank (the epoch a trial is
+            # judged at follows its stretch's noise).
+            def said(run):
+                return [[(a, w) for a, _, w in rk["decisions"]] for rk in run["ranks"]]
+
+            row["same_decisions"] = said(runs[0]) == said(runs[1])
         out[name] = row
         grid_text = " ".join(f"w={w}:{r:.1f}" for w, r in grid.items())
         for run in runs:

@@ -138,7 +138,11 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("--no-stacks", action="store_true", help="do not run py-spy (no data wait)")
 
     exp = sub.add_parser("export", help="serve Prometheus metrics of the jobs")
-    exp.add_argument("pids", nargs="+", type=_pid, metavar="PID")
+    exp.add_argument("pids", nargs="*", type=_pid, metavar="PID")
+    exp.add_argument("--all", action="store_true",
+                     help="the node agent: every training job on this host, found as it starts, dropped when it ends")
+    exp.add_argument("--no-worker-series", action="store_true",
+                     help="no per-worker series (a large node): trainers' and main processes' only")
     exp.add_argument("--listen", default="127.0.0.1:9464", help="HOST:PORT (127.0.0.1:9464; all interfaces: 0.0.0.0)")
     exp.add_argument("--interval", type=_interval, default=5.0, help="seconds per tick (5)")
     exp.add_argument("--no-stacks", action="store_true", help="do not run py-spy (no data wait)")
@@ -464,12 +468,14 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"loadertop: warning: --listen {args.listen} serves every interface: anyone who reaches this host "
               "reads the jobs' command lines and pids; prefer 127.0.0.1 and scrape through an SSH tunnel or a "
               "local agent, or firewall the port", file=sys.stderr)
+    if not args.pids and not args.all:
+        raise UsageError("give the PIDs of the jobs to export, or --all for every training job on this host")
     _check_pids(args.pids)
     try:
         import prometheus_client  # noqa: F401
     except ImportError:
         raise UsageError("the exporter needs prometheus-client: pip install prometheus-client") from None
-    from .outputs.export import serve
+    from .outputs.export import NodeAgent, serve
 
     stacks = None
     if not args.no_stacks:
@@ -477,9 +483,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
         stacks = StackSampler.of(EXPORTER)
     sampler = Sampler(args.pids, interval_s=args.interval, stacks=stacks)
+    source = NodeAgent(sampler) if args.all else sampler
     print(f"loadertop: metrics on http://{args.listen}/metrics (Ctrl-C stops)", file=sys.stderr)
     try:
-        serve(sampler, args.listen, args.interval)
+        serve(source, args.listen, args.interval, workers=not args.no_worker_series)
     except OSError as e:
         raise UsageError(f"cannot listen on {args.listen}: {e.strerror}") from None
     except KeyboardInterrupt:

@@ -111,6 +111,26 @@ class Sampler:
             self.jobs.append(_Job(pid=pid, start_ticks=st.start_ticks))
         self.host.jobs = frozenset(j.pid for j in self.jobs)
 
+    def add_job(self, pid: int) -> bool:
+        """Watch one more job (the node agent found it); False where it is gone already."""
+        if any(j.pid == pid for j in self.jobs):
+            return True
+        st = procfs.read_stat(pid)
+        if st is None:
+            return False
+        self.jobs.append(_Job(pid=pid, start_ticks=st.start_ticks))
+        self.host.jobs = frozenset(j.pid for j in self.jobs)
+        return True
+
+    def drop_ended(self) -> list[int]:
+        """Forget the jobs whose process ended (the node agent: their series go with them,
+        never left behind as values that look live). Their pids."""
+        ended = [j.pid for j in self.jobs if j.exited]
+        if ended:
+            self.jobs = [j for j in self.jobs if not j.exited]
+            self.host.jobs = frozenset(j.pid for j in self.jobs)
+        return ended
+
     # --- the tick -------------------------------------------------------------------
 
     def tick(self, complete: bool = False) -> Snapshot:

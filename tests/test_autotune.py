@@ -419,3 +419,15 @@ def test_a_rank_role_from_its_peers_entries():
     assert role_of(1, 0.45, 4, [leader]).follow == Knobs(2, 2)
     assert role_of(0, 0.3, 1, []).role == "alone"
     assert Entry.from_json(peer.as_json()) == peer and Entry.from_json("{") is None
+
+
+def test_a_role_is_taken_once_the_gap_held_twice_and_given_up_below_half_of_it():
+    from loadertop.autotune.peers import Entry, Roles
+
+    one = Knobs(1, 2)
+    roles = Roles()
+    seen = [roles.next(0, mine, e, [Entry(1, e, theirs, one)]).role
+            for e, (mine, theirs) in enumerate([(0.3, 0.3), (0.1, 0.5), (0.3, 0.32), (0.1, 0.5), (0.1, 0.5),
+                                                (0.3, 0.4), (0.3, 0.33)], start=1)]
+    # One epoch's gap is noise; two in a row make it waiting; a gap of 10 points keeps it.
+    assert seen == ["leader", "leader", "leader", "leader", "waiting", "waiting", "leader"]

@@ -180,3 +180,32 @@ def test_two_tuned_loaders_of_one_dataset_class_are_two_series():
     lines = [line for line in generate_latest(exporter).decode().splitlines()
              if line.startswith("loadertop_tune_num_workers{")]
     assert len(lines) == 2 and {'loader="train"' in line for line in lines} == {True, False}
+
+
+@pytest.mark.slow
+def test_the_node_agent_picks_up_a_job_that_starts_after_it_and_drops_one_that_ends(job):
+    # `loadertop export --all`: no PIDs. A job started after the agent shows within a few
+    # intervals; once it ends, its series are gone (never left as values that look live).
+    port = free_port()
+    agent = subprocess.Popen([sys.executable, "-m", "loadertop", "export", "--all", "--listen", f"127.0.0.1:{port}",
+                              "--interval", "0.5", "--no-stacks"], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: "loadertop_last_sample_timestamp_seconds" in scrape(port), 30, what="the agent")
+        j = job("--workers", "2", "--persistent", "--item-ms", "5")
+        j.wait_ready()
+        name = f'train_job="{socket.gethostname()}/{j.pid}"'
+        text = wait_for(lambda: t if "loadertop_workers{" in (t := scrape(port)) and name in t else None, 30,
+                        what="the new job's series")
+        workers = [line for line in text.splitlines() if line.startswith("loadertop_workers{") and name in line]
+        assert len(workers) == 1 and workers[0].endswith(" 2.0")
+        j.kill()
+        wait_for(lambda: name not in scrape(port), 30, what="the ended job's series to go")
+        assert "loadertop_last_sample_timestamp_seconds" in scrape(port)  # the agent goes on
+    finally:
+        agent.send_signal(signal.SIGINT)
+        assert agent.wait(timeout=15) == 0, agent.stderr.read()
+
+
+def test_the_agent_or_pids_one_of_them_is_needed():
+    r = loadertop("export", "--listen", "127.0.0.1:1")
+    assert r.returncode == 2 and "--all" in r.stderr and r.stderr.count("\n") == 1

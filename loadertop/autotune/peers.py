@@ -85,16 +85,17 @@ class Decision:
     follow: Knobs | None = None  # a follower's setting for this epoch
 
 
-def role_of(me: int, wait: float | None, epoch: int, peers: list[Entry]) -> Decision:
-    """This rank's role from its peers' entries (pure)."""
+def role_of(me: int, wait: float | None, epoch: int, peers: list[Entry], gap: float = RANK_GAP) -> Decision:
+    """This rank's role from its peers' entries (pure); `gap`: the data waits apart that
+    make a straggler (the tuner holds a role with hysteresis: Roles)."""
     if not peers:
         return Decision("alone")
     waits = [p for p in peers if p.wait is not None]
     if wait is not None and waits:
         slowest = max(waits, key=lambda p: p.wait or 0.0)
-        if (slowest.wait or 0.0) - wait >= RANK_GAP:
+        if (slowest.wait or 0.0) - wait >= gap:
             return Decision("waiting", slowest.rank)
-        if wait - (slowest.wait or 0.0) >= RANK_GAP:
+        if wait - (slowest.wait or 0.0) >= gap:
             return Decision("straggler")
     leader = min(peers, key=lambda p: p.rank)
     if me < leader.rank:
@@ -102,6 +103,35 @@ def role_of(me: int, wait: float | None, epoch: int, peers: list[Entry]) -> Deci
     follow = leader.plan if leader.plan is not None and leader.plan_from is not None \
         and epoch >= leader.plan_from else leader.setting
     return Decision("follower", leader.rank, follow)
+
+
+class Roles:
+    """A rank's role with hysteresis: waiting or straggler once the gap held at two
+    boundaries in a row, and given up once it fell below half the gap. One epoch's data wait
+    is noisy; a role that flips would start trials no one judges."""
+
+    def __init__(self) -> None:
+        self.role = Decision("alone")
+        self.pending: Role | None = None
+
+    def next(self, me: int, wait: float | None, epoch: int, peers: list[Entry]) -> Decision:
+        raw = role_of(me, wait, epoch, peers)
+        held = self.role.role in ("waiting", "straggler")
+        if raw.role in ("waiting", "straggler"):
+            if raw.role == self.role.role or raw.role == self.pending:
+                self.pending, self.role = None, raw
+            else:
+                self.pending = raw.role
+                self.role = self.role if held else role_of(me, wait, epoch, peers, gap=float("inf"))
+            return self.role
+        self.pending = None
+        if held:
+            kept = role_of(me, wait, epoch, peers, gap=RANK_GAP / 2)
+            if kept.role == self.role.role:
+                self.role = kept
+                return kept
+        self.role = raw
+        return raw
 
 
 class FileBoard:

@@ -101,6 +101,7 @@ class Tuner:
         self.peers: R.Peers | None = None
         self.coordinated = False  # the board was looked for (at the first boundary)
         self.role = R.Decision("alone")
+        self.roles = R.Roles()
         self.plan: tuple[int, Knobs] | None = None  # a leader's change: from this epoch, every rank
         self.last_wait: float | None = None
         self.board_for = R.board_for
@@ -432,7 +433,7 @@ class Tuner:
         if self.peers is None:
             return R.Decision("alone")
         try:
-            role = R.role_of(self.peers.rank, self.last_wait, self.epoch, self.peers.others())
+            role = self.roles.next(self.peers.rank, self.last_wait, self.epoch, self.peers.others())
         except Exception as e:
             self._alone(e)
             return R.Decision("alone")
@@ -462,6 +463,12 @@ class Tuner:
         if role.role == "follower" and role.follow is not None and role.follow != self.ran:
             with self._applying():
                 self._set(inner, role.follow)
+        explorer = self.explorer
+        if role.role == "waiting" and explorer is not None and explorer.trial is not None:
+            # A trial no one will judge (the job waits for another rank): back to the kept one.
+            explorer.trial = None
+            with self._applying():
+                self._set(inner, explorer.kept)
         self.durations = []
         self.wait_ns = 0
         self.readings = []

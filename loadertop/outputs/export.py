@@ -9,6 +9,7 @@ were current. Metric names and help text come from loadertop.fields. The HTTP se
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import threading
@@ -29,6 +30,7 @@ from ..fields import (
     worker_id_text,
 )
 from ..model import Finding, Snapshot, TrainerSnapshot
+from ..probes.host import job_roots
 from ..rules import Diagnoser
 from ..rules.ranks import attributions, rank_figures
 
@@ -76,8 +78,9 @@ def trainer_labels(t: TrainerSnapshot, node: str) -> list[str]:
 
 
 class Exporter:
-    def __init__(self, sampler, interval_s: float = 1.0) -> None:
+    def __init__(self, sampler, interval_s: float = 1.0, workers: bool = True) -> None:
         self.sampler = sampler
+        self.workers = workers  # per-worker series
         self.interval_s = interval_s
         self.diagnoser = Diagnoser()
         self.latest: tuple[Snapshot, list[Finding], dict[int, RankView]] | None = None
@@ -162,7 +165,7 @@ class Exporter:
                     if value is not None:
                         families[metric.name].add_metric(trainer_labels_, float(value))
             processes = [("main", "", t.main)]
-            for i, w in enumerate(t.workers):
+            for i, w in enumerate(t.workers if self.workers else ()):
                 # Until py-spy reads a worker's id, its place among the workers stands in:
                 # series stay distinct and stable when workers are re-created.
                 processes.append(("worker", worker_id_text(w.worker_id, i), w))
@@ -316,13 +319,40 @@ def _handler(registry):
     return Handler
 
 
-def serve(sampler, listen: str, interval_s: float) -> None:
-    """Serve until interrupted. listen is HOST:PORT."""
+class NodeAgent:
+    """`loadertop export --all`: every training job on this host. Before each tick it drops
+    the jobs that ended (their series go with them) and adds the jobs that started (found
+    within an interval: probes.host.job_roots); the rest is the exporter's, as for PIDs."""
+
+    def __init__(self, sampler) -> None:
+        self.sampler = sampler
+        self.gpu_pids: frozenset[int] = frozenset()
+        self.own = os.getpid()
+
+    @property
+    def interval_s(self) -> float:
+        return self.sampler.interval_s
+
+    def tick(self) -> Snapshot:
+        self.sampler.drop_ended()
+        for pid in sorted(job_roots(self.gpu_pids) - {self.own}):
+            self.sampler.add_job(pid)
+        snap = self.sampler.tick()
+        self.gpu_pids = frozenset(p for g in snap.gpus for p in g.process_pids)
+        return snap
+
+    def close(self) -> None:
+        self.sampler.close()
+
+
+def serve(sampler, listen: str, interval_s: float, workers: bool = True) -> None:
+    """Serve until interrupted. listen is HOST:PORT. workers: per-worker series (off for a
+    large node: the trainers' and main processes' series stay)."""
     from prometheus_client.core import CollectorRegistry
 
     host, _, port = listen.rpartition(":")
     host = host.strip("[]") or "127.0.0.1"
-    exporter = Exporter(sampler, interval_s)
+    exporter = Exporter(sampler, interval_s, workers=workers)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(exporter)
     try:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ..model import HostLoader, HostSnapshot
 from . import procfs
 from .cgroup import cpu_limit
-from .discovery import WORKER_COMM, is_fork_server, runs_python
+from .discovery import LAUNCHER_MARKERS, WORKER_COMM, is_fork_server, runs_python
 
 
 def usable_cpus(pid: int | str = 0) -> int | None:
@@ -268,3 +268,33 @@ class HostProbe:
             out.append(HostLoader(pid, owner.workers, cpu_set(pid) or (), cores))
         self._owner_ticks = seen
         return tuple(out)
+
+
+def job_roots(gpu_pids: frozenset[int] = frozenset()) -> set[int]:
+    """Every training job on this host, by the pid loadertop watches it under: each process
+    that owns DataLoader workers (or holds a GPU), or the launcher above it (torchrun's agent:
+    its ranks are one job). Any other parent (a shell, srun, a notebook, a sweep script) is
+    not part of the job."""
+    roots = set()
+    for pid in set(dataloader_owners()) | set(gpu_pids):
+        root = pid
+        for _ in range(64):
+            st = procfs.read_stat(root)
+            if st is None or st.ppid <= 1:
+                break
+            parent = procfs.read_stat(st.ppid)
+            if parent is None or not _launcher(parent):
+                break
+            root = parent.pid
+        roots.add(root)
+    return roots
+
+
+def _launcher(st: procfs.Stat) -> bool:
+    if st.comm == "pt_elastic":
+        return True
+    try:
+        args = procfs.cmdline(st.pid) or []
+    except PermissionError:
+        return False
+    return any(m in a for a in args[:3] for m in LAUNCHER_MARKERS)
