@@ -59,6 +59,20 @@ class HostLoader:
 
 
 @dataclass(frozen=True)
+class BusyProcess:
+    """A process outside the watched jobs that keeps the host's CPUs busy (the host scan)."""
+
+    pid: int
+    comm: str
+    user: str
+    cores: float  # CPUs it used since the previous scan
+
+    def __post_init__(self) -> None:
+        _clean(self, "comm")
+        _clean(self, "user")
+
+
+@dataclass(frozen=True)
 class HostSnapshot:
     hostname: str
     cpu_count: int
@@ -71,6 +85,9 @@ class HostSnapshot:
     dataloader_workers: int | None = None
     dataloader_trainers: int | None = None
     loaders: tuple[HostLoader, ...] = ()
+    # The processes outside the watched jobs that use the most CPU (top few), for a verdict
+    # that says what takes the CPUs.
+    busiest: tuple[BusyProcess, ...] = ()
 
     def __post_init__(self) -> None:
         _clean(self, "hostname")

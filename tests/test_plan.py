@@ -491,3 +491,25 @@ def test_a_loop_on_one_thread_or_with_cpus_to_spare_is_left_alone():
 def test_where_the_environment_already_limits_the_threads_the_script_is_what_raised_them():
     findings, plan = plan_of(story(30, lambda t: main_pool(t, env=(("OMP_NUM_THREADS", "1"),))))
     assert plan.change("threads") == {"script": "torch.set_num_threads(1)"}
+
+
+def test_a_busy_host_names_what_takes_its_cpus_and_frees_no_more_cpus_than_it_has():
+    # Issue 35: "with 2.16312 free CPUs ~+57 %" on a 2-CPU host, beside evidence with
+    # predicted_gain 0.0, and no word of what took the CPUs.
+    from loadertop.model import BusyProcess
+
+    def make(t):
+        tr = trainer(workers=2, worker_cpu=40.0, wait=0.6, usable=2, cpu_set=(0, 1), cpus_busy=2.0,
+                     main=process(TRAINER, 10.0))
+        hog = (BusyProcess(999, "stress-ng", "bob", 1.1), BusyProcess(998, "python3", "alice", 0.2))
+        return snapshot(t, [busy(tr, 0.5)], host(2, cpu=100.0, busiest=hog))
+
+    findings, plan = plan_of(story(30, make))
+    over = next(f for f in findings if f.id == "cpu_oversubscribed")
+    assert "(stress-ng of bob 1.1 CPU, python3 of alice 0.2 CPU)" in over.suggestion
+    assert over.evidence["busiest_processes"][0] == {"pid": 999, "name": "stress-ng", "user": "bob", "cpus": 1.1}
+    if plan.bigger_budget is not None:
+        cpus, gain = plan.bigger_budget
+        assert cpus <= 2 and f"with {cpus:g} CPUs of its own ~{gain:+.0%}" in over.suggestion
+        assert over.evidence["with_more_cpus"] == {"cpus": cpus, "predicted_gain": gain}
+    assert all("cpu_oversubscribed says" not in f.suggestion for f in findings)

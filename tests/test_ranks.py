@@ -117,7 +117,7 @@ def test_the_rank_that_waits_for_a_slow_shard_is_never_healthy():
     assert said == {0: "WAITS FOR RANK 1", 1: "INPUT-BOUND 93%"}
     waits = next(f for f in findings if f.id == "waits_for_rank")
     assert waits.trainer_pid == 5000 and waits.change is None and waits.evidence["straggler_rank"] == 1
-    assert waits.evidence["cause"] == "input" and "nothing to change on this rank" in waits.suggestion
+    assert waits.evidence["cause"] == "input" and "the job runs at rank 1's pace, not this rank's" in waits.suggestion
     # The change is the straggler's loader, and only there.
     changed = {f.trainer_pid for f in findings if f.change and "DataLoader" in f.change}
     assert changed == {5100}
@@ -217,7 +217,9 @@ async def test_the_live_view_shows_the_job_with_its_straggler_first_and_selects_
         assert "rank 1/2" in text_of(app, HeaderPanel)  # the straggler is shown first
         await pilot.press("2")
         await wait_until(pilot, lambda: "WAITS FOR RANK 1" in text_of(app, HeaderPanel))
-        assert "rank 0/2" in text_of(app, HeaderPanel)
+        header = text_of(app, HeaderPanel)
+        assert "rank 0/2" in header
+        assert " no setting to change: the job runs at rank 1's pace, not this rank's" in header
 
 
 def test_the_html_report_opens_with_the_job():
@@ -227,3 +229,29 @@ def test_the_html_report_opens_with_the_job():
     html = render_html(build_report(history, diagnose(history)), history)
     assert "<title>loadertop report: INPUT-BOUND on rank 1 of 2</title>" in html
     assert "<li><b>Job <code>run:ddp-7</code>, ranks 2: INPUT-BOUND on rank 1 of 2</b>. The job waits for rank 1" in html
+
+
+@pytest.mark.parametrize("story_of", ["cpu_full", "waiting_rank"])
+async def test_the_header_never_says_no_change_over_a_finding_without_one(story_of):
+    # Issue 35: `INPUT-BOUND 67%` over the line "no change to make".
+    from test_tui import text_of, wait_until
+
+    from loadertop.tui.app import LoadertopApp
+    from loadertop.tui.source import ScriptedSource
+    from loadertop.tui.widgets.panels import HeaderPanel
+
+    if story_of == "cpu_full":
+        history = story(20, lambda t: snapshot(t, [trainer(workers=2, worker_cpu=99.0, wait=0.67, usable=2,
+                                                           cpu_set=(0, 1))], host(2, cpu=100.0)))
+    else:
+        history = job_story(INPUT, 20)
+    app = LoadertopApp(ScriptedSource(history, interval_s=0.01))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_until(pilot, lambda: app.ended and app.ticks_shown > 0)
+        if story_of == "waiting_rank":
+            await pilot.press("2")
+            await pilot.pause(0.1)
+        lines = text_of(app, HeaderPanel).splitlines()
+        findings = [f for f in app.findings if f.severity != "info"]
+        assert findings and "no change to make" not in lines[2], lines
+        assert lines[2].startswith((" → ", " no setting to change: ")), lines

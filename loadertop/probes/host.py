@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import math
 import os
+import pwd
 import socket
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from ..model import HostLoader, HostSnapshot
+from ..model import BusyProcess, HostLoader, HostSnapshot
 from . import procfs
 from .cgroup import cpu_limit
 from .discovery import LAUNCHER_MARKERS, WORKER_COMM, is_fork_server, runs_python
@@ -45,7 +46,8 @@ class _Owner:
     started: int  # the owner's start ticks: with its pid, its identity
 
 
-def _owners(known: dict[int, tuple[int, ...]] | None = None) -> dict[int, _Owner]:
+def _owners(known: dict[int, tuple[int, ...]] | None = None,
+            every: dict[int, procfs.Stat] | None = None) -> dict[int, _Owner]:
     """Trainer pid -> its live DataLoader workers and their CPU ticks, for every loader on the
     machine (a scan by worker comm: one stat read a process).
 
@@ -57,6 +59,8 @@ def _owners(known: dict[int, tuple[int, ...]] | None = None) -> dict[int, _Owner
         if not name.isdigit():
             continue
         st = procfs.read_stat(int(name))
+        if st is not None and every is not None:
+            every[st.pid] = st  # the scan reads every process once: each one's CPU, for the busiest
         if st is None or st.comm != WORKER_COMM or st.state == "Z":
             continue
         owner = _trainer_of(st)
@@ -213,6 +217,8 @@ class HostProbe:
         self._loaders: tuple[HostLoader, ...] | None = None
         self._owner_ticks: dict[tuple[int, int], tuple[float, int]] = {}
         self._scanned_at = float("-inf")
+        self._ticks: dict[tuple[int, int], tuple[float, int]] = {}  # every process's CPU at the last scan
+        self._busiest: tuple[BusyProcess, ...] = ()
         self.per_cpu = _PerCpu()
         self.jobs: frozenset[int] = frozenset()  # watched jobs: not our own load, even as our children
         # Watched trainers' workers recognised by the hook or a stack dump (no torch name).
@@ -251,6 +257,7 @@ class HostProbe:
             dataloader_workers=sum(h.workers for h in loaders) if loaders is not None else None,
             dataloader_trainers=len(loaders) if loaders is not None else None,
             loaders=loaders or (),
+            busiest=self._busiest,
         )
 
     def _scan(self, now: float) -> tuple[HostLoader, ...]:
@@ -258,7 +265,10 @@ class HostProbe:
         the time since the previous scan)."""
         out = []
         seen: dict[tuple[int, int], tuple[float, int]] = {}
-        for pid, owner in sorted(_owners(self.known_workers).items()):
+        every: dict[int, procfs.Stat] = {}
+        owners = _owners(self.known_workers, every)
+        self._busiest = self._busiest_of(every, owners, now)
+        for pid, owner in sorted(owners.items()):
             key = (pid, owner.started)
             prev = self._owner_ticks.get(key)
             cores = None
@@ -268,6 +278,46 @@ class HostProbe:
             out.append(HostLoader(pid, owner.workers, cpu_set(pid) or (), cores))
         self._owner_ticks = seen
         return tuple(out)
+
+
+    def _busiest_of(self, every: dict[int, procfs.Stat], owners: dict[int, _Owner],
+                    now: float) -> tuple[BusyProcess, ...]:
+        """The processes that used the most CPU since the previous scan, outside the jobs:
+        not a DataLoader trainer or worker, not loadertop and what it started (py-spy)."""
+        ours = {os.getpid(), *procfs.descendants(os.getpid())}
+        ticks = {(st.pid, st.start_ticks): (now, st.cpu_ticks) for st in every.values()}
+        used = []
+        for (pid, start), (_, total) in ticks.items():
+            prev = self._ticks.get((pid, start))
+            st = every[pid]
+            if prev is None or now <= prev[0] or pid in owners or st.comm == WORKER_COMM or pid in ours \
+                    or st.ppid in owners or pid in self.jobs:
+                continue
+            cores = (total - prev[1]) / procfs.CLK_TCK / (now - prev[0])
+            if cores >= BUSY_PROCESS_CORES:
+                used.append((cores, st))
+        self._ticks = ticks
+        used.sort(key=lambda c: -c[0])
+        return tuple(BusyProcess(st.pid, st.comm, _user(st.pid), round(cores, 2)) for cores, st in used[:BUSIEST])
+
+
+# A process counts among the busiest from this share of a CPU; the verdict names this many.
+BUSY_PROCESS_CORES = 0.1
+BUSIEST = 3
+_users: dict[int, str] = {}
+
+
+def _user(pid: int) -> str:
+    try:
+        uid = os.stat(f"{procfs.PROC}/{pid}").st_uid
+    except OSError:
+        return "?"
+    if uid not in _users:
+        try:
+            _users[uid] = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            _users[uid] = str(uid)
+    return _users[uid]
 
 
 def job_roots(gpu_pids: frozenset[int] = frozenset()) -> set[int]:

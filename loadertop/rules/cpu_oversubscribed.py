@@ -38,7 +38,9 @@ def check(ctx: Context) -> Check:
                 "predicted_gain": plan.gain,
                 # The gain the note states: with more CPUs, not with a setting (predicted_gain).
                 "with_more_cpus": ({"cpus": plan.bigger_budget[0], "predicted_gain": plan.bigger_budget[1]}
-                                   if plan.bigger_budget else None)}
+                                   if plan.bigger_budget else None),
+                "busiest_processes": [{"pid": p.pid, "name": p.comm, "user": p.user, "cpus": p.cores}
+                                      for p in ctx.snap.host.busiest]}
     if plan.cause == P.QUOTA:
         title = (f"the trainer's {budget.quota:g}-CPU quota runs out in {throttled:.0%} of its periods; "
                  f"its threads wait {runqueue:.1f} s per second to run")
@@ -50,8 +52,8 @@ def check(ctx: Context) -> Check:
     elif plan.cause == P.BUSY_HOST:
         title = (f"other processes keep {budget.others_busy:.1f} of the trainer's {budget.cpu_set} CPUs busy; "
                  f"its threads wait {runqueue:.1f} s per second to run")
-        note = ("the CPUs are taken by other processes, not by the loader: give the job its own cores "
-                "(taskset, a cgroup cpuset, a dedicated node) or move the other work")
+        note = (f"the CPUs are taken by other processes{busiest(ctx)}, not by the loader: give the job its own "
+                "cores (taskset, a cgroup cpuset, a dedicated node) or move the other work")
         if plan.bigger_budget:
             cpus, gain = plan.bigger_budget
             note += f"; with {cpus:g} CPUs of its own ~{gain:+.0%} steps/s"
@@ -64,3 +66,12 @@ def check(ctx: Context) -> Check:
         title = f"the trainer's threads wait {runqueue:.1f} s per second for its {budget.cpus:.1f} CPUs"
         note = "its workers ask for more CPU than it has"
     return ctx.found(ID, level, title, evidence, note, parts=("workers", "threads"))
+
+
+def busiest(ctx: Context) -> str:
+    """' (stress-ng of bob 0.9 CPU, ...)': the processes the host scan saw use the most CPU
+    outside the watched jobs, where it saw any."""
+    top = ctx.snap.host.busiest
+    if not top:
+        return ""
+    return " (" + ", ".join(f"{p.comm} of {p.user} {p.cores:.1f} CPU" for p in top) + ")"

@@ -25,6 +25,7 @@ class CpuOversubscribed(_Common):
     trainer_cpus_used: float | None
     load_avg_1m: float
     with_more_cpus: dict[str, float] | None  # {cpus, predicted_gain}: what the note states
+    busiest_processes: list[dict[str, object]]  # outside the jobs: pid, name, user, cpus
 
 
 class InputBound(_Common, total=False):

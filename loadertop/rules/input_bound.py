@@ -6,6 +6,7 @@ from . import evidence as E
 from . import plan as P
 from . import thresholds as T
 from .base import CRITICAL, FINE, UNKNOWN, WARNING, Check, Context, enough_evidence, pct, wait_above
+from .cpu_oversubscribed import busiest
 
 ID = "input_bound"
 
@@ -122,6 +123,6 @@ def _what_takes_the_cpus(ctx: Context) -> str:
         throttled = f", throttled in {budget.throttled:.0%} of its periods" if budget.throttled else ""
         return f"its {budget.quota:g}-CPU quota is what limits it{throttled}"
     if plan.cause == P.BUSY_HOST:
-        return (f"other processes keep {budget.others_busy:.1f} of its {budget.cpu_set} CPUs busy: give the job "
-                "its own cores or move the other work")
+        return (f"other processes{busiest(ctx)} keep {budget.others_busy:.1f} of its {budget.cpu_set} CPUs busy: "
+                "give the job its own cores or move the other work")
     return "its workers ask for more CPU than its CPUs give"

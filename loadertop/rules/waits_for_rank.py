@@ -50,8 +50,8 @@ def check(ctx: Context) -> Check:
         title = (f"waits {pct(wait)} of its loop for rank {straggler.rank}{where}, whose loader is behind "
                  f"(data wait {pct(evidence['straggler_data_wait_fraction'])} there, "
                  f"{pct(evidence['data_wait_fraction'])} here)")
-        note = (f"nothing to change on this rank: the job runs at rank {straggler.rank}'s pace; its finding "
-                f"input_bound sizes its loader (ranks of {of_job(job)})")
+        note = (f"the job runs at rank {straggler.rank}'s pace, not this rank's: its finding input_bound sizes "
+                f"its loader for the node (ranks of {of_job(job)})")
     else:
         title = f"waits {pct(wait)} of its loop for rank {straggler.rank}{where}, whose own step is the slowest"
         note = (f"no loader change helps: rank {straggler.rank}'s step takes longer than this rank's; "

@@ -44,6 +44,15 @@ def cpus_usable(trainer: TrainerSnapshot) -> str:
     return f"{cpus or '?'} CPU{'s' if cpus != 1 else ''} usable"
 
 
+def why_no_change(trainer: TrainerSnapshot, findings: list[Finding]) -> str:
+    """Why a trainer with a warning or critical finding has no setting to change: the most
+    fundamental such finding's own words (its suggestion, up to its first ';')."""
+    mine = [f for f in findings if f.trainer_pid in (None, trainer.pid) and f.severity != "info"]
+    if not mine:
+        return ""
+    return mine[0].suggestion.split(";")[0].strip() or mine[0].title
+
+
 def the_change(trainer: TrainerSnapshot, findings: list[Finding], plan: Plan | None) -> str:
     """The one change to make for this trainer, with its predicted effect: the plan's, which
     every finding's change is a slice of; else the most fundamental finding's own (a setting
@@ -104,6 +113,9 @@ class HeaderPanel(Panel):
             todo = Text(" ⟳ " + tune.summary + (f" · {rest}" if rest else ""), style="bold cyan")
         elif change:
             todo = Text(" → " + change, style="bold green")
+        elif (why := why_no_change(trainer, findings)):
+            # A finding with nothing to change says why not: never "no change" over it.
+            todo = Text(" no setting to change: " + why, style="yellow")
         else:
             todo = Text(" no change to make", style="dim")
         todo.truncate(width, overflow="ellipsis")
