@@ -431,3 +431,15 @@ def test_a_role_is_taken_once_the_gap_held_twice_and_given_up_below_half_of_it()
                                                 (0.3, 0.4), (0.3, 0.33)], start=1)]
     # One epoch's gap is noise; two in a row make it waiting; a gap of 10 points keeps it.
     assert seen == ["leader", "leader", "leader", "leader", "waiting", "waiting", "leader"]
+
+
+def test_a_settled_tuner_looks_again_when_the_conditions_it_settled_under_change(quiet_host):
+    # Issue 35: on a busy host it settled after epoch 1 with no trial, and never looked again
+    # when the load fell. Here the loop hardly waited when it settled; then its items got slower.
+    t, _ = make_tuner()
+    loader = Loader(workers=1)
+    drive(t, loader, 4, lambda n: 0.05)
+    assert t.state == "settled" and loader.num_workers == 1, t.decisions
+    drive(t, loader, 10, lambda n: 0.08 / min(n, 4), wait_share=0.75)
+    actions = [d.action for d in t.decisions]
+    assert loader.num_workers > 1 and "keep" in actions, t.decisions

@@ -29,6 +29,8 @@ from contextlib import ExitStack, contextmanager
 from ..model import Decision, Knobs
 from ..probes import procfs
 from ..probes.discovery import WORKER_COMM
+from ..rules import thresholds as T
+from ..rules.thresholds import RANK_GAP
 from ..vocabulary import TunePhase
 from . import loader as L
 from . import peers as R
@@ -52,6 +54,10 @@ CHECK_EVERY_BATCHES = 16  # a mid-epoch stretch is looked at this often (the che
 MAX_SETTLE_BATCHES = 64
 MAX_DURATIONS = 200_000  # batch durations one stretch keeps (a very long epoch is cut there)
 SHM_FULL = 0.9  # /dev/shm this full: the tuner stops rather than risk a worker's "Bus error"
+# A settled tuner looks again when its epoch's data wait moved this far (a share of the loop,
+# the monitor's straggler gap: beyond an epoch's noise), or the CPUs it may use by this many.
+LOOK_AGAIN_WAIT = RANK_GAP
+LOOK_AGAIN_CPUS = 1.0
 
 
 class TunerOff(Exception):
@@ -110,6 +116,8 @@ class Tuner:
         self.epoch_last_ns: int | None = None
         self.epoch_s = self.epoch_wait_s = 0.0
         self.epoch_batches = 0
+        self.settled_under: tuple[float, float] | None = None  # (data wait, CPUs it may use) when it settled
+        self.watch_reading: M.Reading | None = None
 
     # --- the loop's calls ---------------------------------------------------------------
 
@@ -143,6 +151,8 @@ class Tuner:
                 self.skip = 1
             self.ran = L.knobs_of(inner)
             self.role = self._role()
+            if self.state == "settled" and self.role.role in ("alone", "leader", "straggler"):
+                self._look_again_if_changed(inner)
             if self.me is not None:
                 self.me.straggler = self.role.role == "straggler"
             if self.role.role in ("waiting", "follower"):
@@ -207,7 +217,7 @@ class Tuner:
         """The epoch's iterator is built (or a framework is building it): the batches from
         now on are one segment, timed from here."""
         self.loader = loader
-        self.epoch_last_ns = self.clock() if self.peers is not None else None
+        self.epoch_last_ns = self.clock()
         if self.idle:
             return
         self.last_ns = self.clock()
@@ -307,6 +317,37 @@ class Tuner:
             if self.skip == 0 and not self.idle and self.explorer is not None:
                 self._read()  # the first reading of these workers
 
+    def _look_again_if_changed(self, inner) -> None:
+        """Settled: once the conditions it settled under changed (its data wait, or the CPUs it
+        may use: a host whose load came or went), it explores again from where it is, the
+        settings it rejected then included."""
+        under, explorer, me = self.settled_under, self.explorer, self.me
+        if under is None or explorer is None or me is None:
+            return
+        reading = me.read(self.worker_pids)
+        before, self.watch_reading = self.watch_reading, reading
+        if before is None or self.last_wait is None:
+            return
+        knobs = L.knobs_of(inner)
+        m = M.measured(me, before, reading, wait=self.last_wait, num_workers=knobs.num_workers,
+                       prefetch_factor=knobs.prefetch_factor, config=self.config())
+        wait, cpus = under
+        changed = []
+        if abs(self.last_wait - wait) >= LOOK_AGAIN_WAIT and self.last_wait >= T.DATA_WAIT_WARNING:
+            changed.append(f"data wait {wait:.0%} -> {self.last_wait:.0%}")
+        if abs(m.budget.cpus - cpus) >= LOOK_AGAIN_CPUS:
+            changed.append(f"CPUs it may use {cpus:.1f} -> {m.budget.cpus:.1f}")
+        if not changed:
+            return
+        log.info("loadertop tune %s: epoch %d: %s since it settled: looking again", self.name, self.epoch,
+                 ", ".join(changed))
+        self.explorer = Explorer(explorer.kept)
+        self.settled_under = None
+        self.reason = "looking again: " + ", ".join(changed)
+        self.state = "measuring"
+        self.skip = 1
+        self._publish()
+
     def _stretch_done(self, least_s: float) -> bool:
         """Enough of the stretch to judge: past its least length, a trial once its gain or
         loss is clear of the noise (or its time is up), the kept setting once its rate is
@@ -380,6 +421,11 @@ class Tuner:
         if proposed is not None:
             self._record(proposed)
         self.state = "settled" if explorer.settled else ("trying" if explorer.trial else "measuring")
+        if explorer.settled:
+            self.reason = "" if self.reason.startswith("looking again") else self.reason
+            # What it settled under: looked at every epoch, and looked again once it changes.
+            self.settled_under = (stretch.wait_share, measured.budget.cpus)
+            self.watch_reading = last
         self.durations = []
         self.wait_ns = 0
         self.readings = []
