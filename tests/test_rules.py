@@ -254,6 +254,20 @@ def test_too_many_workers_across_trainers_on_the_host():
     assert "too_many_workers" not in ids(diagnose(alone))
 
 
+def test_a_job_whose_share_covers_its_worker_and_main_process_has_none_too_many():
+    # Issue 35: "2 DataLoader jobs share 2 CPUs; this one's share is 0.9" for a job with one
+    # worker, beside another job that took the rest.
+    def make(t):
+        light = _with_workers(trainer(workers=1, wait=0.0, usable=2, cpu_set=(0, 1), main=process(TRAINER, 20.0)),
+                              runqueue_wait_s_per_s=0.1, cpu_percent=30.0)
+        heavy = _with_workers(trainer(workers=3, wait=0.0, usable=2, pid=5000, cpu_set=(0, 1)),
+                              runqueue_wait_s_per_s=0.5, cpu_percent=48.0)
+        return snapshot(t, [light, heavy], host(2, cpu=98.0, dataloader_workers=4, dataloader_trainers=2))
+
+    found = [f for f in diagnose(story(30, make)) if f.id == "too_many_workers"]
+    assert TRAINER not in {f.trainer_pid for f in found}
+
+
 # --- churn, deaths ---------------------------------------------------------------------
 
 

@@ -18,10 +18,13 @@ def check(ctx: Context) -> Check:
     budget = m.budget
     if plan.cause != P.TOO_MANY_WORKERS or not budget.shared_with or host.cpu_percent < T.HOST_BUSY_PERCENT:
         return FINE
-    # Only a job that takes more than its share, and where fewer workers is the change: a job
-    # whose share covers its workers and its main process has none too many.
+    # Only a job that asks for more than its share (what its workers and its main process
+    # use and wait to use), and where fewer workers is the change: a job whose share covers
+    # its workers and its main process has none too many.
     fewer = plan.change("workers") is not None and plan.chosen.num_workers < plan.now.num_workers
-    if not fewer or (budget.used is not None and budget.used <= budget.cpus + T.POOL_SLACK_CPUS):
+    lw = m.loader
+    demand = m.main_demand + (lw.demand * lw.num_workers if lw is not None else 0.0)
+    if not fewer or demand <= budget.cpus + T.POOL_SLACK_CPUS:
         return FINE
     return ctx.found(ID, WARNING,
                      f"{budget.shared_with + 1} DataLoader jobs share {budget.cpu_set} CPUs; this one's share is "
