@@ -211,7 +211,7 @@ async def test_the_live_view_shows_the_job_with_its_straggler_first_and_selects_
         overview = text_of(app, OverviewPanel)
         lines = overview.splitlines()
         assert lines[0].startswith(f" JOB {JOB}  2 ranks  INPUT-BOUND on rank 1 of 2")
-        assert "the others wait 92% of their loop for it" in lines[0]
+        assert "the others wait 92% for it" in lines[0]
         assert lines[1].startswith("▶1 rank 1") and "INPUT-BOUND 93%" in lines[1]
         assert lines[2].startswith(" 2 rank 0") and "WAITS FOR RANK 1" in lines[2]
         assert "rank 1/2" in text_of(app, HeaderPanel)  # the straggler is shown first

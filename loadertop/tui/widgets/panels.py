@@ -166,7 +166,7 @@ class OverviewPanel(Panel):
         t.append(f" JOB {name[:40]}  {of}  ", style="bold")
         t.append(word, style=f"bold reverse {colour}")
         if job is not None and job.straggler is not None:
-            t.append(f"  the others wait {human_percent(job.cost)} of their loop for it", style=colour)
+            t.append(f"  the others wait {human_percent(job.cost)} for it", style=colour)
         elif job is not None and job.balanced:
             t.append("  no rank waits for another", style="dim")
         t.append("\n")
