@@ -14,7 +14,7 @@ from typing import NoReturn
 from . import __version__
 from .tui import LIVE_INTERVAL_S
 
-SUBCOMMANDS = ("snapshot", "demo", "record", "replay", "export", "tune")
+SUBCOMMANDS = ("snapshot", "demo", "record", "replay", "export", "fleet", "tune")
 REPORT_FORMATS = (".json", ".md", ".html")
 MONITOR_USAGE = "loadertop [PID ...] [--interval S] [--no-stacks]"
 MONITOR_DESCRIPTION = """Watch training jobs live: give the PID of a training script or of its launcher
@@ -146,6 +146,12 @@ def _parser() -> argparse.ArgumentParser:
     exp.add_argument("--listen", default="127.0.0.1:9464", help="HOST:PORT (127.0.0.1:9464; all interfaces: 0.0.0.0)")
     exp.add_argument("--interval", type=_interval, default=5.0, help="seconds per tick (5)")
     exp.add_argument("--no-stacks", action="store_true", help="do not run py-spy (no data wait)")
+
+    fleet = sub.add_parser("fleet", help="every job the node agents report to Prometheus, joined across nodes")
+    fleet.add_argument("--prometheus", required=True, metavar="URL", help="the Prometheus server, http://host:9090")
+    fleet.add_argument("--json", action="store_true", help="print the loadertop.fleet/1 report as JSON")
+    fleet.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE (.json or .md)")
+    fleet.add_argument("--timeout", type=_positive, default=5.0, help="seconds a query may take (5)")
 
     rep = sub.add_parser("replay", help="watch a recording in the live view")
     rep.add_argument("recording", metavar="FILE")
@@ -494,6 +500,30 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fleet(args: argparse.Namespace) -> int:
+    import json
+
+    from .outputs import fleet
+    from .outputs.report import write_file
+    from .probes.prometheus import FleetError, Prometheus
+
+    if args.output:
+        _check_output(args.output, (".json", ".md"))
+    try:
+        report = fleet.read(Prometheus(args.prometheus, timeout_s=args.timeout))
+    except FleetError as e:
+        raise UsageError(str(e)) from None
+    text = json.dumps(report, indent=2) + "\n"
+    if args.output:
+        write_file(args.output, text if args.output.lower().endswith(".json") else fleet.render_md(report))
+        print(f"loadertop: fleet report written to {args.output}", file=sys.stderr)
+    if args.json:
+        sys.stdout.write(text)
+    elif not args.output:
+        sys.stdout.write(fleet.render_text(report))
+    return 0
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     from .tui.source import ScriptedSource
 
@@ -564,6 +594,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return cmd_export(args)
             if args.command == "tune":
                 return cmd_tune(args)
+            if args.command == "fleet":
+                return cmd_fleet(args)
         if argv and not argv[0].startswith("-") and not argv[0].isdigit():
             raise UsageError(f"unknown command {argv[0]!r}: use a PID, or one of {', '.join(SUBCOMMANDS)}")
         return cmd_monitor(_monitor_parser().parse_args(argv))

@@ -1,0 +1,171 @@
+"""`loadertop fleet --prometheus URL`: every job the node agents report, joined across nodes by
+their labels, each judged by the same rule as on one node (rules/ranks.py), as one
+`loadertop.fleet/1` report (JSON, Markdown for an incident, or text for the terminal).
+
+The figures are each series' latest value within LOOKBACK (so that a node whose agent stopped
+keeps its last figures, marked stale with their age, never shown as live)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+
+from ..probes.prometheus import Prometheus, Sample
+from ..rules import thresholds as T
+from ..rules.ranks import RankFigures, attribute
+from ..verdict import job_verdict
+
+SCHEMA = "loadertop.fleet/1"
+LOOKBACK = "10m"
+# A node whose agent's latest sample is older than this is stale (the agent samples every few
+# seconds and Prometheus scrapes every 15-60 s).
+STALE_S = 120.0
+
+FIGURES = {
+    "data_wait": "loadertop_data_wait_ratio",
+    "sync_frames": "loadertop_sync_frames_ratio",
+    "sync_blocked": "loadertop_sync_blocked_ratio",
+    "wait_for_ranks": "loadertop_wait_for_ranks_ratio",
+    "steps_per_s": "loadertop_steps_per_second",
+    "workers": "loadertop_workers",
+}
+KEY = ("train_job", "node", "rank")
+
+
+def _key(s: Sample) -> tuple[str, str, str]:
+    return (s.labels.get("train_job", ""), s.labels.get("node", ""), s.labels.get("rank", ""))
+
+
+def read(prom: Prometheus, now: float | None = None) -> dict:
+    """The fleet report: one query a figure (its cost grows with the jobs shown, not with the
+    fleet's history)."""
+    now = time.time() if now is None else now
+    ranks: dict[tuple[str, str, str], dict] = {}
+    sizes: dict[tuple[str, str, str], str] = {}
+    for name, metric in FIGURES.items():
+        for s in prom.query(f"last_over_time({metric}[{LOOKBACK}])"):
+            row = ranks.setdefault(_key(s), {})
+            row[name] = s.value
+            sizes.setdefault(_key(s), s.labels.get("world_size", ""))
+    cpu = {_key(s): s.value for s in prom.query(
+        f"sum by (train_job, node, rank) (last_over_time(loadertop_cpu_percent[{LOOKBACK}]))")}
+    findings: dict[tuple[str, str, str], list[str]] = {}
+    for s in prom.query(f"last_over_time(loadertop_finding[{LOOKBACK}]) == 1"):
+        findings.setdefault(_key(s), []).append(s.labels.get("id", ""))
+    seen = {s.labels.get("node", ""): s.value for s in prom.query(
+        f"max by (node) (timestamp(last_over_time(loadertop_host_cpu_percent[{LOOKBACK}])))")}
+    nodes = [{"node": n, "age_s": round(max(0.0, now - at), 1), "stale": now - at > STALE_S}
+             for n, at in sorted(seen.items())]
+    stale = {n["node"] for n in nodes if n["stale"]}
+    jobs: dict[str, list[dict]] = {}
+    for key, row in ranks.items():
+        job, node, rank = key
+        jobs.setdefault(job, []).append({
+            "rank": int(rank) if rank.isdigit() else None, "node": node,
+            "data_wait_fraction": _r(row.get("data_wait")), "sync_frames_fraction": _r(row.get("sync_frames")),
+            "sync_blocked_fraction": _r(row.get("sync_blocked")), "steps_per_s": _r(row.get("steps_per_s")),
+            "workers": int(row["workers"]) if "workers" in row else None, "cpu_percent": _r(cpu.get(key)),
+            "findings": sorted(findings.get(key, [])), "stale": node in stale,
+            "world_size": int(sizes[key]) if sizes.get(key, "").isdigit() else None,
+        })
+    out = [_job(name, rows) for name, rows in jobs.items() if name]
+    out.sort(key=lambda j: (j["straggler"] is None, -(j["straggler"] or {}).get("cost_fraction", 0.0) or 0.0,
+                            -max((r["data_wait_fraction"] or 0.0) for r in j["ranks"])))
+    return {"schema": SCHEMA, "created_at": dt.datetime.fromtimestamp(now, dt.timezone.utc).isoformat(
+        timespec="seconds"), "prometheus": prom.url, "nodes": nodes, "jobs": out}
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+def _job(name: str, rows: list[dict]) -> dict:
+    rows.sort(key=lambda r: (r["rank"] is None, r["rank"] or 0, r["node"]))
+    live = [r for r in rows if not r["stale"] and r["rank"] is not None]
+    figures = [RankFigures(r["rank"], r["node"], None, r["data_wait_fraction"], r["sync_frames_fraction"],
+                           r["sync_blocked_fraction"], r["steps_per_s"], r["world_size"]) for r in live]
+    att = attribute(figures)
+    waits = dict(att.waits)
+    for r in rows:
+        r["wait_for_ranks_fraction"] = _r(waits.get(r["rank"])) if not r["stale"] else None
+        r["verdict"] = _rank_verdict(r, att)
+    size = max((r["world_size"] or 0 for r in rows), default=0) or None
+    seen = len({r["rank"] for r in rows if r["rank"] is not None}) or len(rows)
+    text, _ = job_verdict(att if len(live) >= 2 else None,
+                          [(r["rank"], r["verdict"], "") for r in rows if not r["stale"]])
+    straggler = att.straggler
+    stale = sorted({r["node"] for r in rows if r["stale"]})
+    return {
+        "job": name, "verdict": text, "nodes": sorted({r["node"] for r in rows}), "world_size": size,
+        "ranks_seen": seen, "seen": f"{seen} of {size} ranks seen" if size and size != seen else f"{seen} ranks",
+        "stale_nodes": stale,
+        "straggler": None if straggler is None else {
+            "rank": straggler.rank, "node": straggler.node, "cause": straggler.cause,
+            "cost_fraction": _r(att.cost)},
+        "ranks": sorted(rows, key=lambda r: (straggler is None or r["rank"] != straggler.rank,
+                                             -(r["wait_for_ranks_fraction"] or 0.0), r["rank"] or 0)),
+    }
+
+
+def _rank_verdict(r: dict, att) -> str:
+    if r["stale"]:
+        return "STALE"
+    straggler = att.straggler
+    if straggler is not None and r["rank"] in att.waiting:
+        return f"WAITS FOR RANK {straggler.rank}"
+    if straggler is not None and r["rank"] == straggler.rank and straggler.cause == "step":
+        return "SLOWEST RANK"
+    wait = r["data_wait_fraction"]
+    if wait is None:
+        return "WATCHING"
+    return f"INPUT-BOUND {wait:.0%}" if wait >= T.DATA_WAIT_CRITICAL else "HEALTHY"
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.0%}"
+
+
+def render_text(report: dict) -> str:
+    """The fleet in the terminal: a line a job, worst first, its ranks under it."""
+    lines = [f"loadertop fleet: {len(report['jobs'])} jobs on {len(report['nodes'])} nodes "
+             f"({report['prometheus']}, {report['created_at']})"]
+    for n in report["nodes"]:
+        if n["stale"]:
+            lines.append(f"  node {n['node']}: STALE, last reported {n['age_s']:.0f} s ago")
+    for job in report["jobs"]:
+        s = job["straggler"]
+        who = (f"; waits for rank {s['rank']} on {s['node']} ({s['cause']}), costing {_pct(s['cost_fraction'])} "
+               "of the others' loop") if s else ""
+        lines.append(f"{job['job']}: {job['verdict']} ({job['seen']} on {len(job['nodes'])} nodes){who}")
+        for r in job["ranks"]:
+            lines.append(f"  rank {r['rank'] if r['rank'] is not None else '-':>4} {r['node']:<20} "
+                         f"data wait {_pct(r['data_wait_fraction']):>4}  waits for ranks "
+                         f"{_pct(r['wait_for_ranks_fraction']):>4}  {r['verdict']}"
+                         + (f"  [{', '.join(r['findings'])}]" if r["findings"] else ""))
+    return "\n".join(lines) + "\n"
+
+
+def render_md(report: dict) -> str:
+    """The fleet report as Markdown, to paste into an incident."""
+    out = [f"# loadertop fleet: {len(report['jobs'])} jobs", "",
+           f"{report['created_at']}, from {report['prometheus']}", ""]
+    stale = [n for n in report["nodes"] if n["stale"]]
+    if stale:
+        ages = ", ".join(f"{n['node']} ({n['age_s']:.0f} s)" for n in stale)
+        out += [f"Stale nodes (their agent stopped reporting): {ages}", ""]
+    for job in report["jobs"]:
+        s = job["straggler"]
+        out.append(f"## `{job['job']}`: {job['verdict']}")
+        out.append("")
+        out.append(f"{job['seen']} on {len(job['nodes'])} nodes."
+                   + (f" The job waits for rank {s['rank']} on `{s['node']}` ({s['cause']}): the others wait "
+                      f"{_pct(s['cost_fraction'])} of their loop for it." if s else " No rank waits for another."))
+        out.append("")
+        out.append("| rank | node | data wait | waits for other ranks | workers | verdict | findings |")
+        out.append("|---|---|---|---|---|---|---|")
+        for r in job["ranks"]:
+            out.append(f"| {r['rank']} | `{r['node']}` | {_pct(r['data_wait_fraction'])} | "
+                       f"{_pct(r['wait_for_ranks_fraction'])} | {r['workers']} | {r['verdict']} | "
+                       f"{', '.join(r['findings'])} |")
+        out.append("")
+    return "\n".join(out)

@@ -1,0 +1,76 @@
+"""Reading the fleet back from Prometheus: a source like the probes (it knows Prometheus's
+HTTP API, not the screen). Every query has a timeout; every way it can fail is one line that
+says what and how to fix it (FleetError)."""
+
+from __future__ import annotations
+
+import json
+import math
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+
+TIMEOUT_S = 5.0
+MAX_BYTES = 64 << 20  # an answer past this is not one loadertop asked for
+
+
+class FleetError(Exception):
+    """Prometheus cannot be read: the message says what and how to fix it."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    labels: dict[str, str]
+    value: float
+
+
+class Prometheus:
+    def __init__(self, url: str, timeout_s: float = TIMEOUT_S) -> None:
+        parsed = urllib.parse.urlparse(url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise FleetError(f"--prometheus {url!r}: give its address, e.g. http://prometheus:9090")
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+
+    def query(self, promql: str) -> list[Sample]:
+        """An instant query's samples (a vector); NaN values are left out."""
+        address = f"{self.url}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
+        try:
+            with urllib.request.urlopen(address, timeout=self.timeout_s) as r:  # noqa: S310 (the user's URL)
+                body = r.read(MAX_BYTES + 1)
+        except urllib.error.HTTPError as e:
+            if e.code in (401, 403):
+                raise FleetError(f"Prometheus at {self.url} refused the query ({e.code}): give a URL that needs no "
+                                 "credentials here, or one with them (http://user:password@host:9090)") from None
+            if e.code == 404:
+                raise FleetError(f"{self.url} has no Prometheus query API (404 for /api/v1/query): give the "
+                                 "Prometheus server's address, not an exporter's or a dashboard's") from None
+            raise FleetError(f"Prometheus at {self.url} answered {e.code} {e.reason}") from None
+        except (urllib.error.URLError, TimeoutError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            raise FleetError(f"cannot reach Prometheus at {self.url} ({reason}): is it running, and is the "
+                             "address right?") from None
+        if len(body) > MAX_BYTES:
+            raise FleetError(f"{self.url} answered more than {MAX_BYTES >> 20} MiB to one query")
+        try:
+            data = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            raise FleetError(f"{self.url} did not answer as Prometheus does (no JSON): give the Prometheus "
+                             "server's address") from None
+        if not isinstance(data, dict) or data.get("status") != "success":
+            error = data.get("error") if isinstance(data, dict) else None
+            raise FleetError(f"Prometheus at {self.url} did not run the query ({error or 'not its answer'})")
+        result = (data.get("data") or {}).get("result")
+        if not isinstance(result, list):
+            raise FleetError(f"{self.url} did not answer as Prometheus does (no result)")
+        out = []
+        for item in result:
+            try:
+                labels = {str(k): str(v) for k, v in item["metric"].items()}
+                value = float(item["value"][1])
+            except (KeyError, TypeError, ValueError, IndexError):
+                continue
+            if math.isfinite(value):
+                out.append(Sample(labels, value))
+        return out

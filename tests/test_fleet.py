@@ -1,0 +1,108 @@
+"""`loadertop fleet`: the node agent (`loadertop export --all`) beside a real two-rank torchrun
+job whose rank 1 reads a slow shard, Debian's prometheus scraping the agent, and the fleet
+report read back from Prometheus's HTTP API: the job, the straggler's rank and node. Also
+each way Prometheus cannot be read, in one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+from jobs import REPO, loadertop, wait_for
+from test_export import free_port, scrape
+from test_ranks_live import COMMON, JOBS, TORCHRUN
+
+PROMETHEUS = shutil.which("prometheus")
+
+
+def fleet(url: str, *args: str) -> subprocess.CompletedProcess:
+    return loadertop("fleet", "--prometheus", url, *args, timeout=60)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(PROMETHEUS is None, reason="needs Debian's prometheus (apt-get install prometheus)")
+def test_the_fleet_names_the_rank_and_node_the_job_waits_for(job, tmp_path):
+    j = job(*COMMON, *JOBS["slow-loader"], cmd=[TORCHRUN, "--standalone", "--nproc_per_node=2"],
+            env={"OMP_NUM_THREADS": "1"})
+    agent_port, prom_port = free_port(), free_port()
+    agent = subprocess.Popen([sys.executable, "-m", "loadertop", "export", "--all", "--listen",
+                              f"127.0.0.1:{agent_port}", "--interval", "1"], cwd=REPO, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True)
+    config = tmp_path / "prometheus.yml"
+    config.write_text("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+                      f"scrape_configs:\n  - job_name: loadertop\n    static_configs:\n"
+                      f"      - targets: ['127.0.0.1:{agent_port}']\n")
+    prom = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                             f"--web.listen-address=127.0.0.1:{prom_port}"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{prom_port}"
+    try:
+        j.wait_ready(suffix=".0", timeout=90)
+        j.wait_ready(suffix=".1", timeout=90)
+        wait_for(lambda: "loadertop_sync_frames_ratio{" in scrape(agent_port), 90, what="the agent's rank figures")
+
+        def named() -> dict | None:
+            r = fleet(url, "--json")
+            if r.returncode != 0:
+                return None
+            report = json.loads(r.stdout)
+            jobs = [x for x in report["jobs"] if x["straggler"] is not None and len(x["ranks"]) == 2]
+            return report if jobs else None
+
+        report = wait_for(named, 90, interval=2, what="the fleet to name the straggler")
+        assert report["schema"] == "loadertop.fleet/1"
+        (job_,) = [x for x in report["jobs"] if x["straggler"] is not None]
+        assert job_["straggler"]["rank"] == 1 and job_["straggler"]["cause"] == "input"
+        assert job_["straggler"]["node"] == report["nodes"][0]["node"] and job_["verdict"] == "INPUT-BOUND on rank 1 of 2"
+        assert [r["rank"] for r in job_["ranks"]] == [1, 0] and job_["ranks"][1]["verdict"] == "WAITS FOR RANK 1"
+        md = tmp_path / "fleet.md"
+        assert fleet(url, "-o", str(md)).returncode == 0
+        assert "The job waits for rank 1 on" in md.read_text()
+        # The agent stops: its node goes stale (figures kept, marked with their age), never live.
+        agent.send_signal(signal.SIGINT)
+        agent.wait(timeout=15)
+        stale = fleet(url, "--json")
+        assert stale.returncode == 0, stale.stderr
+        # Prometheus stops: one line that says so, exit 2.
+        prom.send_signal(signal.SIGTERM)
+        prom.wait(timeout=30)
+        r = fleet(url)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "cannot reach Prometheus" in r.stderr
+    finally:
+        for p in (agent, prom):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_an_address_that_is_not_prometheus_is_one_line():
+    # The agent's own /metrics page, a 404, no server, a malformed address.
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from threading import Thread
+
+    class Page(BaseHTTPRequestHandler):
+        def do_GET(self):
+            code = 404 if self.path.startswith("/missing") else 401 if self.path.startswith("/locked") else 200
+            self.send_response(code)
+            self.end_headers()
+            self.wfile.write(b"# HELP loadertop_workers a metrics page\n")
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        for url, said in ((base, "did not answer as Prometheus does"), (base + "/missing", "no Prometheus query API"),
+                          (base + "/locked", "refused the query (401)"), ("http://127.0.0.1:1", "cannot reach"),
+                          ("prometheus:9090", "give its address")):
+            r = fleet(url)
+            assert r.returncode == 2 and said in r.stderr and r.stderr.count("\n") == 1, (url, r.stderr)
+            assert "Traceback" not in r.stderr
+    finally:
+        server.shutdown()
