@@ -65,8 +65,17 @@ def test_the_fleet_names_the_rank_and_node_the_job_waits_for(job, tmp_path):
         # The agent stops: its node goes stale (figures kept, marked with their age), never live.
         agent.send_signal(signal.SIGINT)
         agent.wait(timeout=15)
-        stale = fleet(url, "--json")
-        assert stale.returncode == 0, stale.stderr
+
+        def stale() -> dict | None:
+            r = fleet(url, "--json")
+            report = json.loads(r.stdout) if r.returncode == 0 else None
+            return report if report and all(n["stale"] for n in report["nodes"]) else None
+
+        gone = wait_for(stale, 60, interval=2, what="the node to show stale")
+        (was,) = [x for x in gone["jobs"] if x["job"] == job_["job"]]
+        assert all(r["stale"] and r["verdict"] == "STALE" for r in was["ranks"])
+        assert was["ranks"][0]["data_wait_fraction"] is not None  # its last figures, kept
+        assert "STALE, last reported" in fleet(url).stdout
         # Prometheus stops: one line that says so, exit 2.
         prom.send_signal(signal.SIGTERM)
         prom.wait(timeout=30)

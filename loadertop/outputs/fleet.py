@@ -17,8 +17,9 @@ from ..verdict import job_verdict
 
 SCHEMA = "loadertop.fleet/1"
 LOOKBACK = "10m"
-# A node whose agent's latest sample is older than this is stale (the agent samples every few
-# seconds and Prometheus scrapes every 15-60 s).
+# A node is stale once Prometheus no longer has its series (a failed scrape marks them stale),
+# or its latest sample is older than this (the agent samples every few seconds, Prometheus
+# scrapes every 15-60 s).
 STALE_S = 120.0
 
 FIGURES = {
@@ -54,7 +55,10 @@ def read(prom: Prometheus, now: float | None = None) -> dict:
         findings.setdefault(_key(s), []).append(s.labels.get("id", ""))
     seen = {s.labels.get("node", ""): s.value for s in prom.query(
         f"max by (node) (timestamp(last_over_time(loadertop_host_cpu_percent[{LOOKBACK}])))")}
-    nodes = [{"node": n, "age_s": round(max(0.0, now - at), 1), "stale": now - at > STALE_S}
+    # Live: Prometheus has the node's series now. A failed scrape (the agent stopped, the node
+    # went down) marks them stale at once; their last figures stay within the lookback.
+    live = {s.labels.get("node", "") for s in prom.query("loadertop_host_cpu_percent")}
+    nodes = [{"node": n, "age_s": round(max(0.0, now - at), 1), "stale": n not in live or now - at > STALE_S}
              for n, at in sorted(seen.items())]
     stale = {n["node"] for n in nodes if n["stale"]}
     jobs: dict[str, list[dict]] = {}
