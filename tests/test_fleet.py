@@ -115,3 +115,27 @@ def test_an_address_that_is_not_prometheus_is_one_line():
             assert "Traceback" not in r.stderr
     finally:
         server.shutdown()
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="needs promtool (apt-get install prometheus)")
+def test_the_alert_rules_parse_and_the_straggler_alert_fires_on_the_straggler_only():
+    rules = REPO / "docs" / "prometheus"
+    check = subprocess.run(["promtool", "check", "rules", "alerts.yml"], cwd=rules, capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    test = subprocess.run(["promtool", "test", "rules", "alerts_test.yml"], cwd=rules, capture_output=True,
+                          text=True)
+    assert test.returncode == 0, test.stdout + test.stderr
+
+
+def test_the_dashboard_has_a_job_variable_and_reads_only_metrics_the_exporter_serves():
+    import re
+
+    from loadertop.fields import metrics_table
+
+    board = json.loads((REPO / "docs" / "prometheus" / "grafana-dashboard.json").read_text())
+    assert "train_job" in {v["name"] for v in board["templating"]["list"]}
+    served = set(re.findall(r"`(loadertop_\w+)`", metrics_table()))
+    exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+    used = {m for e in exprs for m in re.findall(r"loadertop_\w+", e)}
+    assert used and used <= served, used - served
+    assert any("$train_job" in e and "loadertop_wait_for_ranks_ratio" in e for e in exprs)
