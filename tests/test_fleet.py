@@ -139,3 +139,29 @@ def test_the_dashboard_has_a_job_variable_and_reads_only_metrics_the_exporter_se
     used = {m for e in exprs for m in re.findall(r"loadertop_\w+", e)}
     assert used and used <= served, used - served
     assert any("$train_job" in e and "loadertop_wait_for_ranks_ratio" in e for e in exprs)
+
+
+def test_the_deployment_files_parse_and_run_the_agent_the_tests_run():
+    yaml = pytest.importorskip("yaml")
+    deploy = REPO / "deploy"
+    agent = ["loadertop", "export", "--all", "--listen", "0.0.0.0:9464"]  # the tested agent, on every interface
+    daemonset = yaml.safe_load((deploy / "kubernetes" / "daemonset.yaml").read_text())
+    spec = daemonset["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    assert daemonset["kind"] == "DaemonSet" and spec["hostPID"] is True
+    assert container["command"] == agent and container["ports"][0] == {"name": "metrics", "containerPort": 9464}
+    assert "SYS_PTRACE" in container["securityContext"]["capabilities"]["add"]
+    assert {"cpu", "memory"} <= set(container["resources"]["limits"])
+    monitor = yaml.safe_load((deploy / "kubernetes" / "podmonitor.yaml").read_text())
+    assert monitor["kind"] == "PodMonitor"
+    assert monitor["spec"]["selector"]["matchLabels"] == daemonset["spec"]["selector"]["matchLabels"]
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    unit = (deploy / "slurm" / "loadertop-agent.service").read_text()
+    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    assert exec_start.split("=", 1)[1].split() == ["/usr/local/bin/" + agent[0], *agent[1:]]
+    assert "AmbientCapabilities=CAP_SYS_PTRACE" in unit
+    assert " ".join(agent[1:]) in (deploy / "slurm" / "prolog.sh").read_text()
+    assert 'ENTRYPOINT ["loadertop", "export", "--all", "--listen", "0.0.0.0:9464"]' in (deploy / "Dockerfile").read_text()
+    # The agent's arguments are ones the CLI takes.
+    r = loadertop("export", "--help")
+    assert r.returncode == 0 and "--all" in r.stdout
