@@ -165,3 +165,75 @@ def test_the_deployment_files_parse_and_run_the_agent_the_tests_run():
     # The agent's arguments are ones the CLI takes.
     r = loadertop("export", "--help")
     assert r.returncode == 0 and "--all" in r.stdout
+
+
+def _node(name: str, node_rank: int, master_port: int, agent_port: int) -> subprocess.Popen:
+    """One "node" of a two-node job on this machine: a PID and UTS namespace of its own (its
+    hostname, only its processes), its node agent, and its half of the torchrun launch."""
+    job = " ".join([TORCHRUN, "--nnodes=2", "--nproc_per_node=1", f"--node_rank={node_rank}",
+                    "--master_addr=127.0.0.1", f"--master_port={master_port}", "-m", "loadertop.demo_job",
+                    *COMMON, *JOBS["slow-loader"]])
+    agent = f"{sys.executable} -m loadertop export --all --listen 127.0.0.1:{agent_port} --interval 1"
+    script = f"hostname {name}; {agent} 2>/dev/null & exec {job}"
+    env = {**__import__("os").environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(["unshare", "-p", "-f", "-u", "--mount-proc", "sh", "-c", script], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def _can_unshare_pid() -> bool:
+    return shutil.which("unshare") is not None and subprocess.run(
+        ["unshare", "-p", "-f", "-u", "--mount-proc", "true"], capture_output=True).returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(PROMETHEUS is None, reason="needs Debian's prometheus (apt-get install prometheus)")
+def test_two_nodes_one_job_the_fleet_names_the_node_and_rank_it_waits_for(tmp_path):
+    # Two namespaces with their own hostname and processes, one 2-node torchrun job across them
+    # (rank 1, on node-b, reads a slow shard), an agent on each, prometheus scraping both.
+    if not _can_unshare_pid():
+        pytest.skip("needs root and unshare of PID and UTS namespaces")
+    from jobs import stop_job
+
+    master, a_port, b_port, prom_port = free_port(), free_port(), free_port(), free_port()
+    nodes = [_node("node-a", 0, master, a_port), _node("node-b", 1, master, b_port)]
+    config = tmp_path / "prometheus.yml"
+    config.write_text("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+                      "scrape_configs:\n  - job_name: loadertop\n    static_configs:\n"
+                      f"      - targets: ['127.0.0.1:{a_port}', '127.0.0.1:{b_port}']\n")
+    prom = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                             f"--web.listen-address=127.0.0.1:{prom_port}"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{prom_port}"
+    try:
+        def named() -> dict | None:
+            r = fleet(url, "--json")
+            if r.returncode != 0:
+                return None
+            jobs = [x for x in json.loads(r.stdout)["jobs"] if x["job"] == f"127.0.0.1:{master}"]
+            return jobs[0] if jobs and jobs[0]["straggler"] and len(jobs[0]["ranks"]) == 2 else None
+
+        job_ = wait_for(named, 180, interval=2, what="the fleet to join the two nodes' ranks and name the straggler")
+        assert job_["nodes"] == ["node-a", "node-b"] and job_["seen"] == "2 ranks"
+        assert (job_["straggler"]["rank"], job_["straggler"]["node"]) == (1, "node-b")
+        assert job_["verdict"] == "INPUT-BOUND on rank 1 of 2"
+        waiting = next(r for r in job_["ranks"] if r["rank"] == 0)
+        assert waiting["node"] == "node-a" and waiting["verdict"] == "WAITS FOR RANK 1"
+        # node-b's agent stops: node-b shows stale, node-a stays live.
+        subprocess.run(["pkill", "-f", f"export --all --listen 127.0.0.1:{b_port}"], check=False)
+
+        def b_stale() -> dict | None:
+            r = fleet(url, "--json")
+            nodes = {n["node"]: n["stale"] for n in json.loads(r.stdout)["nodes"]} if r.returncode == 0 else {}
+            return nodes if nodes.get("node-b") and nodes.get("node-a") is False else None
+
+        wait_for(b_stale, 60, interval=2, what="node-b to show stale")
+        prom.send_signal(signal.SIGTERM)
+        prom.wait(timeout=30)
+        r = fleet(url)
+        assert r.returncode == 2 and "cannot reach Prometheus" in r.stderr and r.stderr.count("\n") == 1
+    finally:
+        if prom.poll() is None:
+            prom.kill()
+            prom.wait()
+        for node in nodes:
+            stop_job(node)
