@@ -152,6 +152,7 @@ def _parser() -> argparse.ArgumentParser:
     fleet.add_argument("--json", action="store_true", help="print the loadertop.fleet/1 report as JSON")
     fleet.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE (.json or .md)")
     fleet.add_argument("--timeout", type=_positive, default=5.0, help="seconds a query may take (5)")
+    fleet.add_argument("--interval", type=_interval, default=10.0, help="seconds between reads in the live view (10)")
 
     rep = sub.add_parser("replay", help="watch a recording in the live view")
     rep.add_argument("recording", metavar="FILE")
@@ -510,7 +511,14 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     if args.output:
         _check_output(args.output, (".json", ".md"))
     try:
-        report = fleet.read(Prometheus(args.prometheus, timeout_s=args.timeout))
+        prometheus = Prometheus(args.prometheus, timeout_s=args.timeout)
+        if not args.json and not args.output and sys.stdout.isatty() and sys.stdin.isatty():
+            prometheus.query("vector(1)")  # a wrong address is one line here, not a screen of n/a
+            from .tui.fleet import FleetApp
+
+            FleetApp(prometheus, interval_s=args.interval).run()
+            return 0
+        report = fleet.read(prometheus)
     except FleetError as e:
         raise UsageError(str(e)) from None
     text = json.dumps(report, indent=2) + "\n"

@@ -237,3 +237,35 @@ def test_two_nodes_one_job_the_fleet_names_the_node_and_rank_it_waits_for(tmp_pa
             prom.wait()
         for node in nodes:
             stop_job(node)
+
+
+async def test_the_fleet_view_lists_the_jobs_and_the_selected_jobs_ranks_and_keeps_them_on_an_error():
+    # The live view over a report (the reading itself is the HTTP tests' above): rows worst
+    # first, the ranks of the selected job, and an error line that keeps the rows.
+    from loadertop.probes.prometheus import Prometheus
+    from loadertop.tui.fleet import FleetApp, FleetRead
+
+    rank = {"node": "node-b", "data_wait_fraction": 0.8, "wait_for_ranks_fraction": 0.0, "workers": 1,
+            "cpu_percent": 12.0, "findings": ["input_bound"], "stale": False}
+    report = {"created_at": "2026-12-06T00:00:00+00:00", "nodes": [{"node": "node-a", "age_s": 1.0, "stale": False},
+                                                               {"node": "node-b", "age_s": 300.0, "stale": True}],
+              "jobs": [{"job": "127.0.0.1:29500", "verdict": "INPUT-BOUND on rank 1 of 2", "nodes": ["node-a", "node-b"],
+                        "seen": "2 ranks", "stale_nodes": [],
+                        "straggler": {"rank": 1, "node": "node-b", "cause": "input", "cost_fraction": 0.9},
+                        "ranks": [{**rank, "rank": 1, "verdict": "INPUT-BOUND 80%"},
+                                  {**rank, "rank": 0, "node": "node-a", "data_wait_fraction": 0.02,
+                                   "wait_for_ranks_fraction": 0.9, "findings": [], "verdict": "WAITS FOR RANK 1"}]}]}
+    app = FleetApp(Prometheus("http://127.0.0.1:1"), interval_s=3600)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await pilot.pause(0.3)  # the first read fails: no server
+        assert "cannot reach Prometheus" in str(app.query_one("#status").render())
+        app.post_message(FleetRead(report, None))
+        await pilot.pause(0.2)
+        table = app.query_one("#jobs")
+        assert table.row_count == 1 and table.get_row_at(0)[4] == "rank 1 on node-b"
+        ranks = str(app.query_one("#ranks").render())
+        assert "WAITS FOR RANK 1" in ranks and ranks.index("INPUT-BOUND 80%") < ranks.index("WAITS FOR RANK 1")
+        assert "node node-b: STALE, last reported 300 s ago" in str(app.query_one("#status").render())
+        app.post_message(FleetRead(None, "cannot reach Prometheus at http://x (refused)"))
+        await pilot.pause(0.2)
+        assert table.row_count == 1 and "n/a: cannot reach" in str(app.query_one("#status").render())

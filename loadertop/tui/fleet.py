@@ -1,0 +1,133 @@
+"""`loadertop fleet --prometheus URL` in a terminal: every job of the fleet, worst first, and the
+selected job's ranks across nodes side by side. The reading runs in a thread worker and never
+overlaps itself; an error is one line at the top, and the rows already shown stay."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.text import Text
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.message import Message
+from textual.widgets import DataTable, Footer, Static
+
+from ..outputs import fleet
+from ..probes.prometheus import FleetError, Prometheus
+
+
+class FleetRead(Message):
+    def __init__(self, report: dict | None, error: str | None) -> None:
+        super().__init__()
+        self.report = report
+        self.error = error
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.0%}"
+
+
+class FleetApp(App):
+    CSS_PATH = "fleet.tcss"
+    TITLE = "loadertop fleet"
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("q", "quit", "quit"), Binding("r", "reload", "read now")]
+
+    def __init__(self, prometheus: Prometheus, interval_s: float = 10.0) -> None:
+        super().__init__()
+        self.prometheus = prometheus
+        self.interval_s = interval_s
+        self.report: dict | None = None
+        self.error: str | None = None
+        self.reads = 0
+        self._reading = False
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="status")
+        yield DataTable(id="jobs", cursor_type="row", zebra_stripes=True)
+        yield Static(id="ranks")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one("#jobs", DataTable)
+        table.add_columns("JOB", "VERDICT", "NODES", "RANKS", "STRAGGLER", "COSTS", "STALE")
+        self.set_interval(self.interval_s, self.action_reload)
+        self.action_reload()
+
+    def action_reload(self) -> None:
+        if not self._reading:
+            self._reading = True
+            self._read()
+
+    @work(thread=True, exclusive=True, group="fleet")
+    def _read(self) -> None:
+        try:
+            self.post_message(FleetRead(fleet.read(self.prometheus), None))
+        except FleetError as e:
+            self.post_message(FleetRead(None, str(e)))
+        except Exception as e:  # noqa: BLE001 (the view stays; the next read may work)
+            self.post_message(FleetRead(None, f"{type(e).__name__}: {e}"))
+
+    def on_fleet_read(self, message: FleetRead) -> None:
+        self._reading = False
+        self.reads += 1
+        self.error = message.error
+        if message.report is not None:
+            self.report = message.report
+            self._fill()
+        self._status()
+
+    def _status(self) -> None:
+        t = Text()
+        t.append(" loadertop fleet ", style="bold reverse")
+        report = self.report
+        if report is not None:
+            t.append(f"  {len(report['jobs'])} jobs on {len(report['nodes'])} nodes  {self.prometheus.url}  "
+                     f"read {report['created_at']}")
+        if self.error:
+            t.append("\n n/a: " + self.error, style="bold red")
+        stale = [n for n in (report or {}).get("nodes", []) if n["stale"]]
+        for n in stale:
+            t.append(f"\n node {n['node']}: STALE, last reported {n['age_s']:.0f} s ago", style="yellow")
+        self.query_one("#status", Static).update(t)
+
+    def _fill(self) -> None:
+        table = self.query_one("#jobs", DataTable)
+        row = table.cursor_row
+        table.clear()
+        for job in (self.report or {}).get("jobs", []):
+            s = job["straggler"]
+            table.add_row(job["job"][:48], job["verdict"], str(len(job["nodes"])), job["seen"],
+                          f"rank {s['rank']} on {s['node']}" if s else "-", _pct(s["cost_fraction"]) if s else "-",
+                          ", ".join(job["stale_nodes"]) or "-", key=job["job"])
+        if table.row_count:
+            table.move_cursor(row=min(row, table.row_count - 1))
+        self._show_ranks()
+
+    def on_data_table_row_highlighted(self, _: DataTable.RowHighlighted) -> None:
+        self._show_ranks()
+
+    def _show_ranks(self) -> None:
+        table = self.query_one("#jobs", DataTable)
+        jobs = (self.report or {}).get("jobs", [])
+        panel = self.query_one("#ranks", Static)
+        if not jobs or table.cursor_row >= len(jobs):
+            panel.update(" no job reported yet" if not jobs else "")
+            return
+        job = jobs[table.cursor_row]
+        t = Text()
+        t.append(f" {job['job']}: ", style="bold")
+        t.append(job["verdict"], style="bold reverse red" if job["straggler"] else "bold")
+        t.append(f"  {job['seen']} on {len(job['nodes'])} nodes\n")
+        head = f" {'RANK':>5} {'NODE':<20} {'DATA WAIT':>9} {'WAITS FOR RANKS':>15} {'WORKERS':>7} {'CPU%':>6}"
+        t.append(head + "  VERDICT\n", style="bold")
+        for r in job["ranks"]:
+            rank = "-" if r["rank"] is None else str(r["rank"])
+            cpu = "n/a" if r["cpu_percent"] is None else f"{r['cpu_percent']:.0f}"
+            workers = "n/a" if r["workers"] is None else str(r["workers"])
+            t.append(f" {rank:>5} {r['node'][:20]:<20} {_pct(r['data_wait_fraction']):>9} "
+                     f"{_pct(r['wait_for_ranks_fraction']):>15} {workers:>7} {cpu:>6}  {r['verdict']}")
+            if r["findings"]:
+                t.append(f"  [{', '.join(r['findings'])}]", style="dim")
+            t.append("\n")
+        panel.update(t)
