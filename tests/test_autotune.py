@@ -174,7 +174,7 @@ def make_tuner(**kw):
     return t, published
 
 
-def test_a_loop_that_does_not_wait_on_free_cpus_is_left_alone():
+def test_a_loop_that_does_not_wait_on_free_cpus_is_left_alone(quiet_host):
     t, published = make_tuner()
     loader = Loader(workers=2)
     seen = drive(t, loader, 6, lambda n: 0.05)
@@ -183,7 +183,7 @@ def test_a_loop_that_does_not_wait_on_free_cpus_is_left_alone():
     assert published[-1]["state"] == "settled" and published[-1]["setting"]["num_workers"] == 2
 
 
-def test_a_waiting_loop_gets_more_workers_kept_when_faster_and_reverted_when_not():
+def test_a_waiting_loop_gets_more_workers_kept_when_faster_and_reverted_when_not(quiet_host):
     t, _ = make_tuner()
     loader = Loader(workers=1)
     # Each worker adds throughput up to 4 of them; the loop waits 75% with one.

@@ -118,6 +118,7 @@ class Tuner:
         self.epoch_batches = 0
         self.settled_under: tuple[float, float] | None = None  # (data wait, CPUs it may use) when it settled
         self.watch_reading: M.Reading | None = None
+        self.changed_epochs = 0  # consecutive boundaries at which the conditions differed
 
     # --- the loop's calls ---------------------------------------------------------------
 
@@ -337,8 +338,11 @@ class Tuner:
             changed.append(f"data wait {wait:.0%} -> {self.last_wait:.0%}")
         if abs(m.budget.cpus - cpus) >= LOOK_AGAIN_CPUS:
             changed.append(f"CPUs it may use {cpus:.1f} -> {m.budget.cpus:.1f}")
-        if not changed:
+        # Held at two boundaries in a row: one epoch's reading of a busy host is noise.
+        self.changed_epochs = self.changed_epochs + 1 if changed else 0
+        if self.changed_epochs < 2:
             return
+        self.changed_epochs = 0
         log.info("loadertop tune %s: epoch %d: %s since it settled: looking again", self.name, self.epoch,
                  ", ".join(changed))
         self.explorer = Explorer(explorer.kept)
