@@ -1,7 +1,8 @@
 """CPU of the headless exporter (with its py-spy children) attached to an 8-worker job, at
-its default interval, scraped every 15 s like a Prometheus server would.
+its default interval, scraped every 15 s like a Prometheus server would. With --ranks N: the
+node agent (`export --all`, no PIDs) beside a torchrun job of N ranks of --workers workers each.
 
-Run: python bench/export_overhead.py [--seconds 60] [--interval 5]
+Run: python bench/export_overhead.py [--seconds 60] [--interval 5] [--ranks 8 --workers 4]
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from loadertop.jobs import stop_job  # noqa: E402
+
 TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -31,17 +36,22 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=60)
     p.add_argument("--interval", type=float, default=5)
     p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--ranks", type=int, default=0, help="a torchrun job of this many ranks, and the node agent")
     p.add_argument("--no-stacks", dest="extra", action="store_const", const=["--no-stacks"], default=[])
     args = p.parse_args()
-    job = subprocess.Popen([sys.executable, "-m", "loadertop.demo_job", "--workers", str(args.workers), "--persistent",
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.ranks}"]
+                if args.ranks else [sys.executable])
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    job = subprocess.Popen([*launcher, "-m", "loadertop.demo_job", "--workers", str(args.workers), "--persistent",
                             "--sleep-ms", "20", "--batch-size", "4", "--step-ms", "20", "--duration",
-                            str(args.seconds + 60)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           start_new_session=True)
+                            str(args.seconds + 90), *(["--dist"] if args.ranks else [])], cwd=REPO, env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    time.sleep(8)
-    exporter = subprocess.Popen([sys.executable, "-m", "loadertop", "export", str(job.pid), "--listen",
+    time.sleep(8 + 3 * args.ranks)
+    target = ["--all"] if args.ranks else [str(job.pid)]
+    exporter = subprocess.Popen([sys.executable, "-m", "loadertop", "export", *target, "--listen",
                                  f"127.0.0.1:{port}", "--interval", str(args.interval), *args.extra], cwd=REPO,
                                 stderr=subprocess.DEVNULL)
     try:
@@ -53,14 +63,15 @@ def main() -> None:
             time.sleep(15)
         own1, kids1 = cpu(exporter.pid)
         wall = time.monotonic() - t0
-        label = f"exporter, {args.workers} workers, every {args.interval:g} s" + (" (no py-spy)" if args.extra else "")
+        who = f"node agent, {args.ranks} ranks x {args.workers} workers" if args.ranks else \
+            f"exporter, {args.workers} workers"
+        label = f"{who}, every {args.interval:g} s" + (" (no py-spy)" if args.extra else "")
         print(f"| {label} | {100 * (own1 - own0) / wall:.2f}% "
               f"| {100 * (kids1 - kids0) / wall:.2f}% | {100 * (own1 - own0 + kids1 - kids0) / wall:.2f}% |")
     finally:
         exporter.send_signal(signal.SIGINT)
         exporter.wait(timeout=15)
-        os.killpg(job.pid, signal.SIGKILL)
-        job.wait()
+        stop_job(job)  # its group and its tree: torchrun's ranks leave the group
 
 
 if __name__ == "__main__":

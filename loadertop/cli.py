@@ -514,7 +514,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
         prometheus = Prometheus(args.prometheus, timeout_s=args.timeout)
         if not args.json and not args.output and sys.stdout.isatty() and sys.stdin.isatty():
             prometheus.query("vector(1)")  # a wrong address is one line here, not a screen of n/a
-            from .tui.fleet import FleetApp
+            from .tui.fleet_view import FleetApp
 
             FleetApp(prometheus, interval_s=args.interval).run()
             return 0

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -82,10 +83,63 @@ def render_report(name: str, app: LoadertopApp) -> None:
                        check=True, capture_output=True, timeout=120)
 
 
+async def shoot_fleet() -> None:
+    """The fleet view over a real agent and Debian's prometheus scraping it, beside the ranks
+    demo (two DDP ranks, rank 1 reading a slow shard)."""
+    import socket
+
+    from loadertop.outputs import fleet
+    from loadertop.probes.prometheus import FleetError, Prometheus
+    from loadertop.tui.fleet_view import FleetApp
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    prometheus = shutil.which("prometheus")
+    if prometheus is None:
+        print("fleet: needs prometheus (apt-get install prometheus)")
+        return
+    agent_port, prom_port = free_port(), free_port()
+    proc, _ = start_job("ranks", argv0="python3")
+    agent = subprocess.Popen([sys.executable, "-m", "loadertop", "export", "--all", "--listen",
+                              f"127.0.0.1:{agent_port}", "--interval", "1"], stderr=subprocess.DEVNULL)
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "prometheus.yml"
+        config.write_text("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: loadertop\n"
+                          f"    static_configs:\n      - targets: ['127.0.0.1:{agent_port}']\n")
+        prom = subprocess.Popen([prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp}/tsdb",
+                                 f"--web.listen-address=127.0.0.1:{prom_port}"], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        reader = Prometheus(f"http://127.0.0.1:{prom_port}")
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                await asyncio.sleep(2)
+                try:
+                    if any(j["straggler"] for j in fleet.read(reader)["jobs"]):
+                        break
+                except FleetError:
+                    continue
+            app = FleetApp(reader, interval_s=5)
+            async with app.run_test(size=(120, 24)) as pilot:
+                while app.reads == 0:
+                    await pilot.pause(0.2)
+                await pilot.pause(0.5)
+                app.save_screenshot(str(HERE / "fleet.svg"))
+                print("fleet: saved")
+        finally:
+            for p in (prom, agent):
+                p.terminate()
+                p.wait()
+            stop_job(proc)
+
+
 def main() -> None:
-    names = sys.argv[1:] or list(SHOTS)
+    names = sys.argv[1:] or [*SHOTS, "fleet"]
     for name in names:
-        asyncio.run(shoot(name, *SHOTS[name]))
+        asyncio.run(shoot_fleet() if name == "fleet" else shoot(name, *SHOTS[name]))
 
 
 if __name__ == "__main__":

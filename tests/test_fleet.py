@@ -243,7 +243,7 @@ async def test_the_fleet_view_lists_the_jobs_and_the_selected_jobs_ranks_and_kee
     # The live view over a report (the reading itself is the HTTP tests' above): rows worst
     # first, the ranks of the selected job, and an error line that keeps the rows.
     from loadertop.probes.prometheus import Prometheus
-    from loadertop.tui.fleet import FleetApp, FleetRead
+    from loadertop.tui.fleet_view import FleetApp, FleetRead
 
     rank = {"node": "node-b", "data_wait_fraction": 0.8, "wait_for_ranks_fraction": 0.0, "workers": 1,
             "cpu_percent": 12.0, "findings": ["input_bound"], "stale": False}

@@ -29,7 +29,7 @@ def _pct(x: float | None) -> str:
 
 
 class FleetApp(App):
-    CSS_PATH = "fleet.tcss"
+    CSS_PATH = "fleet_view.tcss"
     TITLE = "loadertop fleet"
     BINDINGS: ClassVar[list[BindingType]] = [Binding("q", "quit", "quit"), Binding("r", "reload", "read now")]
 
