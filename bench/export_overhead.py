@@ -37,6 +37,9 @@ def main() -> None:
     p.add_argument("--interval", type=float, default=5)
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--ranks", type=int, default=0, help="a torchrun job of this many ranks, and the node agent")
+    p.add_argument("--warmup", type=float, default=30.0,
+                   help="seconds before measuring: past start-up, each worker's first dump and each trainer's "
+                        "first window (with --ranks 8: 120)")
     p.add_argument("--no-stacks", dest="extra", action="store_const", const=["--no-stacks"], default=[])
     args = p.parse_args()
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.ranks}"]
@@ -44,7 +47,8 @@ def main() -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     job = subprocess.Popen([*launcher, "-m", "loadertop.demo_job", "--workers", str(args.workers), "--persistent",
                             "--sleep-ms", "20", "--batch-size", "4", "--step-ms", "20", "--duration",
-                            str(args.seconds + 90), *(["--dist"] if args.ranks else [])], cwd=REPO, env=env,
+                            str(args.seconds + args.warmup + 60), *(["--dist"] if args.ranks else [])], cwd=REPO,
+                           env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -55,7 +59,7 @@ def main() -> None:
                                  f"127.0.0.1:{port}", "--interval", str(args.interval), *args.extra], cwd=REPO,
                                 stderr=subprocess.DEVNULL)
     try:
-        time.sleep(30)  # steady state: past start-up and the first dump of each worker
+        time.sleep(args.warmup)  # steady state: past start-up and the first dump of each worker
         own0, kids0 = cpu(exporter.pid)
         t0 = time.monotonic()
         while time.monotonic() - t0 < args.seconds:

@@ -120,6 +120,9 @@ class Profile:
     dump_burst: int = 1  # dumps saved up for workers found at once (attach, a new loader)
     refresh_doing: bool = True  # dump each worker again for what it is doing, or only once
     rate_hz: int = 10  # py-spy's samples a second within a window
+    # One window at a time across the trainers, each trainer's gap grown with their number: what
+    # py-spy costs stays that of one trainer's duty cycle however many there are (the node agent).
+    spread: bool = False
 
 
 # The live view: one 10 s window every 40 s (data wait over the last two: 200 samples), one
@@ -132,7 +135,7 @@ LIVE = Profile(window_s=10, gap_s=30.0, rolling_s=50.0, dump_interval_s=40.0, du
 RECORDING = Profile(window_s=10, rolling_s=30.0, dump_interval_s=10.0)
 # A dashboard needs the trend, not every second: a 10 s window a minute; each worker is
 # dumped once, for its worker_id label (no metric shows what it is doing).
-EXPORTER = Profile(window_s=10, gap_s=50.0, rolling_s=120.0, dump_interval_s=2.0, refresh_doing=False)
+EXPORTER = Profile(window_s=10, gap_s=50.0, rolling_s=120.0, dump_interval_s=2.0, refresh_doing=False, spread=True)
 
 
 def snapshot_profile(duration_s: float) -> Profile:
@@ -154,7 +157,7 @@ class StackSampler:
     def of(cls, profile: Profile, **kw: Any) -> StackSampler:
         return cls(window_s=profile.window_s, gap_s=profile.gap_s, rolling_s=profile.rolling_s,
                    dump_interval_s=profile.dump_interval_s, dump_burst=profile.dump_burst,
-                   refresh_doing=profile.refresh_doing, rate_hz=profile.rate_hz, **kw)
+                   refresh_doing=profile.refresh_doing, rate_hz=profile.rate_hz, spread=profile.spread, **kw)
 
     def __init__(
         self,
@@ -167,6 +170,7 @@ class StackSampler:
         gap_s: float = 0.0,
         refresh_doing: bool = True,
         dump_burst: int = 1,
+        spread: bool = False,
     ) -> None:
         """gap_s: pause between a trainer's windows (duty cycle), to sample less often.
         Worker dumps run on a credit: one earned every dump_interval_s, at most dump_burst
@@ -175,6 +179,8 @@ class StackSampler:
         refresh_doing=False dumps each worker once (its arguments), not again for its frame."""
         self.window_s = max(1, int(window_s))
         self.gap_s = gap_s
+        self.spread = spread
+        self._spread_next = 0.0  # spread: no window of a trainer seen before starts before this
         self.refresh_doing = refresh_doing
         self.rate_hz = rate_hz
         self.rolling_s = rolling_s
@@ -335,8 +341,16 @@ class StackSampler:
                 targets = dict(self._targets)
                 accepting = self._accepting
             now = time.monotonic()
-            for pid in targets if accepting and now >= self._broken_until else ():
+            order = list(targets) if accepting and now >= self._broken_until else []
+            if self.spread:
+                # The most overdue first (a new trainer's first window before all), one at a time.
+                order.sort(key=lambda p: (p in self._windows, self._next_start.get(p, 0.0)))
+            for pid in order:
                 due = max(self._refused_until.get(pid, 0.0), self._next_start.get(pid, 0.0))
+                if self.spread and self._recordings:
+                    break  # one window at a time: the next trainer's starts when this one ends
+                if self.spread and pid in self._windows and now < self._spread_next:
+                    continue  # one window a duty cycle for them all; a new trainer's first one at once
                 if pid not in self._recordings and now >= due:
                     self._start_recording(pid)
             for pid, rec in list(self._recordings.items()):
@@ -414,6 +428,8 @@ class StackSampler:
         counts = parse_raw(text, pid) if text else {}
         if counts and not self._same(pid, rec.identity):
             counts = {}  # the pid was reused during the window: not our trainer's samples
+        if self.spread:  # the next window of any trainer, one duty cycle on
+            self._spread_next = time.monotonic() + self.gap_s
         self._next_start[pid] = time.monotonic() + self.gap_s
         with self._lock:
             self._recordings.pop(pid, None)
