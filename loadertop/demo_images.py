@@ -10,12 +10,13 @@ RandomHorizontalFlip and ToTensor do. Needs Pillow (the test extras); imports to
 
 from __future__ import annotations
 
+import io
 import os
 import random
-import secrets
-import stat
 
 import torch
+
+from .files import own_folder, write_atomic
 
 SIDE = 224  # the crop the model sees, as ImageNet's
 
@@ -28,12 +29,7 @@ def private_folder(folder: str) -> str:
     """folder, made or checked as this user's own: a real directory (not a link), owned by
     the user who writes into it, that no one else may write to. Another user who made it
     first (the default lives in the shared /tmp) could plant links where the images go."""
-    try:
-        os.mkdir(folder, 0o700)
-    except FileExistsError:
-        pass
-    st = os.lstat(folder)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+    if not own_folder(folder, 0o022):
         raise UnsafeFolder(f"{folder} is not a folder of this user's that only it may write to: "
                            "remove it, or give --image-dir a folder of your own")
     return folder
@@ -56,19 +52,9 @@ def write_images(folder: str, count: int, width: int = 500, height: int = 375) -
         image = small.resize((width, height), Image.Resampling.BICUBIC).filter(ImageFilter.GaussianBlur(1.5))
         grain = Image.effect_noise((width, height), 24).convert("RGB")
         image = Image.blend(image, grain, 0.15)
-        # A name no one can guess, created here and never through a link.
-        tmp = f"{path}.{secrets.token_hex(8)}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                image.save(f, "JPEG", quality=90)
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        jpeg = io.BytesIO()
+        image.save(jpeg, "JPEG", quality=90)
+        write_atomic(path, jpeg.getvalue())  # a temp file of its own (O_EXCL), never through a link
     return paths
 
 

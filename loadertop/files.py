@@ -50,15 +50,16 @@ def check_target(path: str) -> None:
         raise OSError(errno.EINVAL, "it is not a regular file (a FIFO, a device or a folder)", path)
 
 
-def write_atomic(path: str, text: str) -> None:
-    """Write text to path: a temporary file in the same folder, renamed over it."""
+def write_atomic(path: str, text: str | bytes) -> None:
+    """Write text (or bytes) to path: a temporary file in the same folder, renamed over it."""
     check_target(path)
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
     try:
         os.fchmod(fd, MODE)
-        with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as f:
-            f.write(text)
+        data = text if isinstance(text, bytes) else text.encode("utf-8", errors="replace")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -89,3 +90,14 @@ def open_private(path: str) -> int:
             pass
         raise
     return fd
+
+
+def own_folder(folder: str, others_mask: int = 0o022) -> bool:
+    """Make folder (0700) where it is missing; True when it is a real folder (not a link) of
+    this user's with none of `others_mask`'s bits: no one else could plant a file or a link in it."""
+    try:
+        os.mkdir(folder, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(folder)
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & others_mask

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import sys
 import time
 from dataclasses import dataclass
 from typing import Literal
 
+from ..files import own_folder
 from ..model import Knobs
 from ..rules.thresholds import RANK_GAP  # data waits this far apart are not noise: the monitor's
 
@@ -139,12 +139,7 @@ class FileBoard:
 
     def __init__(self, job: str, name: str, root: str = "/dev/shm") -> None:
         folder = os.path.join(root, f"loadertop-tune-{os.geteuid()}")
-        try:
-            os.mkdir(folder, 0o700)
-        except FileExistsError:
-            pass
-        st = os.lstat(folder)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        if not own_folder(folder, 0o077):
             raise OSError(f"{folder} is not a private folder of this user's")
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{job}-{name}")[:120]
         self.folder = folder
