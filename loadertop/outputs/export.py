@@ -61,10 +61,12 @@ def rank_views(snap: Snapshot, recent) -> dict[int, RankView]:
     compared = attributions(snap, recent)
     out = {}
     for t in snap.trainers:
-        figures = rank_figures(snap, t, recent)
+        job = compared.get(t.job)
+        # The job's comparison holds its ranks' figures already; a rank alone is read here.
+        figures = next((r for r in job.ranks if r.pid == t.pid), None) if job is not None else None
+        figures = figures or rank_figures(snap, t, recent)
         if figures is None:
             continue
-        job = compared.get(t.job)
         out[t.pid] = RankView(figures.sync_frames, figures.sync_blocked,
                               job.wait_of(figures.rank) if job is not None else None)
     return out
