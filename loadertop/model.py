@@ -138,6 +138,9 @@ class ShmSnapshot:
     total_bytes: int | None
     used_bytes: int | None
     torch_bytes: int | None  # /dev/shm/torch_* segments the trainer and its workers map
+    # The largest of those segments: at least one batch's largest tensor, so a floor on a
+    # batch's bytes that holds when the queue is nearly empty (a starved loop).
+    torch_largest_bytes: int | None = None
 
 
 @dataclass(frozen=True)

@@ -304,7 +304,9 @@ class Sampler:
         board.add(notice)
         if shm is not None:
             segments = self.processes.torch_segments([state.key, *workers])
-            shm = replace(shm, torch_bytes=sum(segments.values()) if segments is not None else None)
+            if segments is not None:
+                shm = replace(shm, torch_bytes=sum(segments.values()),
+                              torch_largest_bytes=max(segments.values(), default=None))
         if not workers:
             board.add(
                 Notice(

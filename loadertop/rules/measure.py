@@ -85,9 +85,11 @@ class Measured:
     memory_available: int | None  # bytes more workers may use: the host's, or its cgroup's headroom
     shm_total: int | None
     shm_peak: int | None
-    shm_torch: int | None  # bytes of torch's shared tensors in flight
+    shm_torch: int | None  # bytes of torch's shared tensors mapped, the window's median
     gpu_utilization: float | None
     env: dict[str, str]
+    shm_torch_largest: int | None = None  # the largest torch segment seen: a floor on a batch
+    shm_used: int | None = None  # the window's median of /dev/shm used
 
     @property
     def num_workers(self) -> int:
@@ -259,6 +261,9 @@ def measure(snap: Snapshot, trainer: TrainerSnapshot, window: Sequence[TrainerSn
     memory = [v for v in (snap.host.mem_available_bytes, trainer.memory_headroom_bytes) if v is not None]
     shm = trainer.shm
     peaks = [t.shm.used_bytes for t in window if t.shm and t.shm.used_bytes is not None]
+    torch_seen = [(t.shm, t.shm.torch_bytes) for t in window if t.shm and t.shm.torch_bytes is not None]
+    torch_bytes = [n for _, n in torch_seen]
+    largest = [s.torch_largest_bytes for s, _ in torch_seen if s.torch_largest_bytes]
     return Measured(
         wait=wait,
         wait_workers=wait_workers,
@@ -280,9 +285,12 @@ def measure(snap: Snapshot, trainer: TrainerSnapshot, window: Sequence[TrainerSn
         memory_available=min(memory) if memory else None,
         shm_total=shm.total_bytes if shm else None,
         shm_peak=max(peaks) if peaks else None,
-        shm_torch=shm.torch_bytes if shm else None,
+        # The median: a peak catches a batch on its way in while the last is still held.
+        shm_torch=int(median(torch_bytes)) if torch_bytes else None,
         gpu_utilization=gpu_utilization,
         env=trainer.env_dict,
+        shm_torch_largest=max(largest) if largest else None,
+        shm_used=int(median(peaks)) if peaks else None,
     )
 
 

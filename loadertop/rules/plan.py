@@ -326,12 +326,20 @@ def batch_bytes(m: Measured) -> float | None:
         return None
     if lw.batch_bytes:
         return float(lw.batch_bytes)
-    in_flight = lw.num_workers * lw.prefetch_factor
+    held = batches_held(lw.num_workers, lw.prefetch_factor)
     if m.shm_torch:
-        return m.shm_torch / in_flight
+        # The queue is full only when the loop keeps up; a starved loop holds fewer batches,
+        # so the largest segment (a batch's largest tensor) is the floor.
+        return max(m.shm_torch / held, float(m.shm_torch_largest or 0))
     if m.shm_peak and m.shm_total and m.shm_peak >= T.SHM_MOSTLY_IN_FLIGHT * m.shm_total:
-        return m.shm_peak / in_flight  # most of it is in flight: an upper bound
+        return m.shm_peak / held  # most of it is in flight: an upper bound
     return None
+
+
+def batches_held(num_workers: int, prefetch_factor: int) -> int:
+    """Batches in /dev/shm at once: each worker's prefetch_factor in flight, and the one the
+    loop is training on (its tensors stay mapped until the next batch replaces them)."""
+    return num_workers * prefetch_factor + 1
 
 
 def fits(m: Measured, s: Setting, batch: float | None) -> str | None:
@@ -342,10 +350,20 @@ def fits(m: Measured, s: Setting, batch: float | None) -> str | None:
             and extra * lw.uss_bytes > T.MEMORY_LIMIT * m.memory_available):
         return "memory"
     if batch and m.shm_total:
-        others = max(0.0, (m.shm_peak or 0) - (m.shm_torch or 0))
-        if batch * s.num_workers * s.prefetch_factor > T.SHM_LIMIT * m.shm_total - others:
+        others = _shm_others(m, batch)
+        if batch * batches_held(s.num_workers, s.prefetch_factor) > T.SHM_LIMIT * m.shm_total - others:
             return "shm"
     return None
+
+
+def _shm_others(m: Measured, batch: float) -> float:
+    """Bytes of /dev/shm that are not the loader's batches: what is used beyond the batches
+    the setting now holds. Not used minus the mapped segments: a batch on its way through the
+    queue is an fd in a socket, in /dev/shm but mapped by no process."""
+    lw = m.loader
+    if m.shm_used is None or lw is None:
+        return max(0.0, (m.shm_peak or 0) - (m.shm_torch or 0))
+    return max(0.0, m.shm_used - batch * batches_held(lw.num_workers, lw.prefetch_factor))
 
 
 def _shm_wanted(m: Measured, t: Terms, now: Setting, cause: str, chosen: Prediction, current: Prediction,
@@ -363,8 +381,8 @@ def _shm_wanted(m: Measured, t: Terms, now: Setting, cause: str, chosen: Predict
             return None
         settings = [wanted.setting] if faster else [chosen.setting, now]
         target = max(settings, key=lambda s: s.num_workers * s.prefetch_factor)
-        others = max(0.0, (m.shm_peak or 0) - (m.shm_torch or 0))
-        need = max(need, (batch * target.num_workers * target.prefetch_factor + others) / T.SHM_LIMIT)
+        others = _shm_others(m, batch)
+        need = max(need, (batch * batches_held(target.num_workers, target.prefetch_factor) + others) / T.SHM_LIMIT)
     return size_flag(need)
 
 
