@@ -30,11 +30,8 @@ class WorkerRoster:
         for key, code in zombies.items():
             self.zombie_codes.setdefault(key, code)
         events = []
-        for key in live:
-            if key not in self.workers:
-                if self.any_exited:
-                    self.respawns += 1
-                events.append(Event(now, "worker_started", trainer_pid, key[0]))
+        # Exits first: a worker that starts on the tick its predecessors are seen gone (an
+        # epoch's new set, when epochs are shorter than the interval) is a respawn too.
         for key in self.workers:
             if key not in live:
                 self.any_exited = True
@@ -42,6 +39,11 @@ class WorkerRoster:
                 if code is None:
                     code = exit_code(key)
                 events.append(Event(now, "worker_exited", trainer_pid, key[0], describe_exit(code), code))
+        for key in live:
+            if key not in self.workers:
+                if self.any_exited:
+                    self.respawns += 1
+                events.append(Event(now, "worker_started", trainer_pid, key[0]))
         self.zombie_codes = {k: v for k, v in self.zombie_codes.items() if k[0] in alive}
         self.workers = live
         return events

@@ -82,6 +82,8 @@ def _no_gpu():
 def test_short_epochs_without_persistent_workers_count_respawns(job):
     j = job("--workers", "2", "--epoch-items", "32", "--batch-size", "8", "--step-ms", "20")
     j.wait_ready()
+    # Epochs of ~0.1 s plus the workers' start: every tick sees a new set, which replaces the
+    # last one on the same tick (counted as respawns all the same).
     trainer = only_trainer(snapshot(j.pid, duration=4))
     assert trainer["worker_respawns"] >= 2
     r = snapshot(j.pid, duration=2)
