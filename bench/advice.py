@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -57,6 +58,7 @@ class Setting:
     pin_memory: bool = False
     val_workers: int = 0
     limit_worker_threads: int = 0
+    main_threads: int = 0  # torch.set_num_threads(N) in the script; 0: as the case's flags set it
     env: tuple[tuple[str, str], ...] = ()
     shm_mb: int | None = None  # /dev/shm size (a container's --shm-size), None: the host's
 
@@ -68,6 +70,8 @@ class Setting:
             parts.append(f"pf={self.prefetch}")
         if self.limit_worker_threads:
             parts.append(f"init_threads={self.limit_worker_threads}")
+        if self.main_threads:
+            parts.append(f"set_num_threads={self.main_threads}")
         parts += [f"{k}={v}" for k, v in self.env]
         if self.shm_mb:
             parts.append(f"shm={self.shm_mb}M")
@@ -83,6 +87,8 @@ class Setting:
             out += ["--val-workers", str(self.val_workers)]
         if self.limit_worker_threads:
             out += ["--limit-worker-threads", str(self.limit_worker_threads)]
+        if self.main_threads:  # after the case's flags: the last --main-threads is the one
+            out += ["--main-threads", str(self.main_threads)]
         return out
 
 
@@ -123,6 +129,7 @@ def cases() -> list[Case]:
     zero = Setting(0)
     healthy = Setting(2)
     images = Setting(4)
+    loop_threads = Setting(2)
     omp1 = (("OMP_NUM_THREADS", "1"),)
     return [
         Case("cpu_bound", "CPU-bound items, 1 worker, a GPU-like 10 ms step",
@@ -158,7 +165,12 @@ def cases() -> list[Case]:
         # more workers than the loop needs.
         Case("images", "JPEGs decoded by PIL, a CNN step on every CPU, 4 workers on 2 CPUs",
              ("--images", "64", "--batch-size", "16", "--step-ms", "0", "--step-conv", "32", "--main-threads", "0"),
-             images, _grid(images, [1, 2, 3, 4])),
+             images, _grid(images, [1, 2, 3, 4], env=[omp1])),
+        # Issue 35's plain CPU loop: a small model at torch's default threads (one per CPU)
+        # beside 2 workers whose items cost 5 ms of Python.
+        Case("main_threads", "a small CPU model at torch's default threads, 2 workers of 5 ms items",
+             ("--item-ms", "5", "--batch-size", "4", "--step-ms", "0", "--main-threads", "0"), loop_threads,
+             _grid(loop_threads, [1, 2, 3, 4], env=[omp1])),
     ]
 
 
@@ -349,6 +361,9 @@ def apply(setting: Setting, change: dict) -> Setting:
         out = replace(out, pin_memory=bool(loader["pin_memory"]))
     if "worker_init_fn" in loader:
         out = replace(out, limit_worker_threads=1)
+    script = re.fullmatch(r"torch\.set_num_threads\((\d+)\)", str(change.get("script") or ""))
+    if script:
+        out = replace(out, main_threads=int(script.group(1)))
     env = dict(out.env)
     env.update({k: str(v) for k, v in (change.get("env") or {}).items()})
     out = replace(out, env=tuple(sorted(env.items())))

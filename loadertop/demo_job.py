@@ -270,8 +270,10 @@ def main(argv=None) -> int:
 
     torch.manual_seed(0)
     # One compute thread in the loop: a small model gains nothing from more, and a pool
-    # that competes with the workers for the CPUs would blur every scenario.
-    torch.set_num_threads(args.main_threads or len(os.sched_getaffinity(0)))
+    # that competes with the workers for the CPUs would blur every scenario. 0: torch's own
+    # default, as a plain script has it (one per CPU, or what OMP_NUM_THREADS says).
+    if args.main_threads:
+        torch.set_num_threads(args.main_threads)
     if args.dist and "RANK" in os.environ:
         import torch.distributed as dist
 

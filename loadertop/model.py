@@ -193,21 +193,37 @@ class DataWait:
 @dataclass(frozen=True, order=True)
 class Knobs:
     """What the tuner may change: the two DataLoader settings that take effect on the next
-    iterator without changing the batches a map-style loader yields."""
+    iterator without changing the batches a map-style loader yields, and, unless the user
+    opts out, the training loop's torch threads (they take effect at once) and the threads
+    each worker's pools may start (set when the next iterator's workers start)."""
 
     num_workers: int
     prefetch_factor: int | None  # None with num_workers=0: nothing to prefetch
+    main_threads: int | None = None  # torch.set_num_threads in the loop; None: not tuned
+    worker_threads: int | None = None  # each worker's pools capped at this; None: as the job sets them
 
     def label(self) -> str:
-        if self.num_workers == 0:
-            return "num_workers=0"
-        return f"num_workers={self.num_workers} prefetch_factor={self.prefetch_factor}"
+        text = "num_workers=0" if self.num_workers == 0 else \
+            f"num_workers={self.num_workers} prefetch_factor={self.prefetch_factor}"
+        return text + self._threads(None)
 
     def short(self, beside: Knobs) -> str:
-        """The label, without the prefetch where it is beside's."""
+        """The label, without the prefetch and the threads where they are beside's."""
         if self.num_workers and self.prefetch_factor != beside.prefetch_factor:
-            return self.label()
-        return f"num_workers={self.num_workers}"
+            text = f"num_workers={self.num_workers} prefetch_factor={self.prefetch_factor}"
+        else:
+            text = f"num_workers={self.num_workers}"
+        return text + self._threads(beside)
+
+    def _threads(self, beside: Knobs | None) -> str:
+        """The thread settings that are set (and differ from beside's, where given)."""
+        text = ""
+        if self.main_threads is not None and (beside is None or self.main_threads != beside.main_threads):
+            text += f" main_threads={self.main_threads}"
+        if self.num_workers and self.worker_threads is not None and (
+                beside is None or self.worker_threads != beside.worker_threads):
+            text += f" worker_threads={self.worker_threads}"
+        return text
 
     def arrow(self, new: Knobs) -> str:
         """'num_workers 2 -> 4': what changes from self to new."""
@@ -216,10 +232,19 @@ class Knobs:
             parts.append(f"num_workers {self.num_workers} -> {new.num_workers}")
         if new.num_workers and self.num_workers and new.prefetch_factor != self.prefetch_factor:
             parts.append(f"prefetch_factor {self.prefetch_factor} -> {new.prefetch_factor}")
+        if new.main_threads is not None and new.main_threads != self.main_threads:
+            parts.append(f"main_threads {self.main_threads or 'as set'} -> {new.main_threads}")
+        if new.num_workers and new.worker_threads != self.worker_threads:
+            parts.append(f"worker_threads {self.worker_threads or 'as set'} -> {new.worker_threads or 'as set'}")
         return ", ".join(parts) or f"{new.label()} (no change)"
 
     def as_dict(self) -> dict:
-        return {"num_workers": self.num_workers, "prefetch_factor": self.prefetch_factor}
+        out: dict = {"num_workers": self.num_workers, "prefetch_factor": self.prefetch_factor}
+        if self.main_threads is not None:
+            out["main_threads"] = self.main_threads
+        if self.worker_threads is not None:
+            out["worker_threads"] = self.worker_threads
+        return out
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ steps/s, docs/BENCHMARKS.md), not more workers; with one thread it is left alone
 from __future__ import annotations
 
 import pytest
+from jobs import wait_for
 from test_diagnosis_live import findings, report
 
 pytestmark = pytest.mark.slow
@@ -36,3 +37,24 @@ def test_a_loop_on_one_thread_gets_no_thread_advice(job):
     rep = report(j.pid, duration=10)
     assert "main_threads" not in findings(rep)
     assert rep["trainers"][0]["plan"]["cause"] != "main_threads"
+
+
+def test_tune_limits_the_loops_threads_in_place_and_keeps_it_as_measured_faster(job):
+    # tune=True on the same job: torch.set_num_threads takes effect at once, so the tuner tries
+    # the loop's threads at an epoch boundary like any other knob, and keeps the limit only
+    # where its epochs measure faster (1.5-1.8x here).
+    j = job(*JOB, "--main-threads", "0", "--tune", "--epoch-items", "400", "--duration", "150")
+    j.wait_ready()
+
+    def decided():
+        decisions = (j.truth().get("tune") or {}).get("decisions", []) if j.truth_path.exists() else []
+        judged = [d for d in decisions if d["action"] in ("keep", "revert")]
+        return decisions if judged else None
+
+    decisions = wait_for(decided, 140, what="the tuner's first judged trial")
+    tried = next(d for d in decisions if d["action"] == "try")
+    if tried["from"].get("main_threads", 1) < 2:
+        pytest.skip("one CPU: torch's default is one thread")
+    assert tried["to"] == {**tried["from"], "main_threads": 1}, decisions
+    judged = next(d for d in decisions if d["action"] in ("keep", "revert"))
+    assert judged["action"] == "keep" and judged["measured_gain"] > 0.1, decisions

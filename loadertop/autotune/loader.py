@@ -2,7 +2,10 @@
 
 torch's DataLoader (torch/utils/data/dataloader.py) lets `num_workers` and `prefetch_factor`
 be set after it is built; they take effect when it builds its next iterator. Only these two
-are ever set here. What else a change must respect:
+are ever set here, and, with thread tuning, `worker_init_fn` (wrapped: the user's runs, then
+the workers' pools are capped, autotune/threads.py) and the loop's torch.set_num_threads
+(at once). Thread counts can change float reductions in their last bits, never which items
+the loop sees. What else a change must respect:
 
 - With `persistent_workers=True` the loader keeps one iterator for its lifetime: a new count
   needs that iterator's workers shut down first, and then a new iterator is built where the
@@ -30,8 +33,10 @@ from __future__ import annotations
 import sys
 import warnings
 from contextlib import contextmanager
+from dataclasses import replace
 
 from ..model import Knobs
+from .threads import WorkerThreads, set_main_threads, user_worker_init
 
 # Wrappers that keep the real loader inside (Accelerate's DataLoaderAdapter).
 _INNER = ("base_dataloader",)
@@ -49,9 +54,21 @@ def innermost(loader):
     return loader
 
 
-def knobs_of(loader) -> Knobs:
+def knobs_of(loader, threads: bool = False) -> Knobs:
+    """The loader's settings; with `threads`, the loop's torch threads and the workers' cap."""
     n = int(loader.num_workers)
-    return Knobs(n, loader.prefetch_factor if n else None)
+    knobs = Knobs(n, loader.prefetch_factor if n else None)
+    if not threads:
+        return knobs
+    torch = sys.modules.get("torch")
+    fn = getattr(loader, "worker_init_fn", None)
+    return replace(knobs, main_threads=torch.get_num_threads() if torch is not None else None,
+                   worker_threads=fn.threads if isinstance(fn, WorkerThreads) and n else None)
+
+
+def same_workers(a: Knobs, b: Knobs) -> bool:
+    """a and b start the same workers: only the loop's threads differ (set at once)."""
+    return (a.num_workers, a.prefetch_factor, a.worker_threads) == (b.num_workers, b.prefetch_factor, b.worker_threads)
 
 
 def is_stateful(loader) -> bool:
@@ -79,7 +96,9 @@ def apply(loader, knobs: Knobs) -> bool:
     """Set knobs for the loader's next iterator; with persistent workers, shut the current
     iterator's workers down first. True when a persistent iterator was shut down (the next
     one must be built with `private_seed`)."""
-    if knobs == knobs_of(loader):
+    if knobs.main_threads is not None:
+        set_main_threads(knobs.main_threads)
+    if same_workers(knobs, knobs_of(loader, threads=True)):
         return False
     stopped = False
     iterator = getattr(loader, "_iterator", None)
@@ -87,9 +106,18 @@ def apply(loader, knobs: Knobs) -> bool:
         loader._iterator = None  # first: a failed shutdown must not leave a dead iterator to reset
         iterator._shutdown_workers()
         stopped = True
-    loader.num_workers = knobs.num_workers
-    loader.prefetch_factor = knobs.prefetch_factor if knobs.num_workers else loader.prefetch_factor
+    _set_workers(loader, knobs)
     return stopped
+
+
+def _set_workers(loader, knobs: Knobs) -> None:
+    loader.num_workers = knobs.num_workers
+    if knobs.num_workers:
+        loader.prefetch_factor = knobs.prefetch_factor
+        now = getattr(loader, "worker_init_fn", None)
+        if knobs.worker_threads is not None or isinstance(now, WorkerThreads):
+            user = user_worker_init(now)
+            loader.worker_init_fn = user if knobs.worker_threads is None else WorkerThreads(knobs.worker_threads, user)
 
 
 def base_seed(loader) -> int:
@@ -213,7 +241,7 @@ def switch(loader, knobs: Knobs):
     where the new count could not start (a full /dev/shm), (an iterator at the count that
     ran, from the same place, the error). Raises only when that fails too: the loop must
     never be handed an iterator that is shut down."""
-    ran = knobs_of(loader)
+    ran = knobs_of(loader, threads=knobs.main_threads is not None)
     saved = loader.state_dict()
     state = translate_state(saved, knobs.num_workers)
     seed = base_seed(loader)
@@ -227,9 +255,9 @@ def switch(loader, knobs: Knobs):
 
 
 def _restore(loader, knobs: Knobs, state: dict, seed: int):
-    loader.num_workers = knobs.num_workers
-    if knobs.num_workers:
-        loader.prefetch_factor = knobs.prefetch_factor
+    _set_workers(loader, knobs)
+    if knobs.main_threads is not None:
+        set_main_threads(knobs.main_threads)
     loader.load_state_dict(state)
     with private_seed(loader, seed), quiet_worker_count():
         return iter(loader)

@@ -75,7 +75,14 @@ def _knobs(d) -> Knobs | None:
         return None
     n = d["num_workers"]
     p = d.get("prefetch_factor")
-    return Knobs(n, int(p) if n and isinstance(p, int) else None) if 0 <= n <= 256 else None
+    if not 0 <= n <= 256:
+        return None
+    return Knobs(n, int(p) if n and isinstance(p, int) else None, main_threads=_threads(d.get("main_threads")),
+                 worker_threads=_threads(d.get("worker_threads")))
+
+
+def _threads(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 4096 else None
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ are contended. Exploring stops once neither neighbour of the kept setting is bet
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from statistics import fmean, stdev
 from typing import Any
 
@@ -35,10 +35,10 @@ MAX_TRIALS = 8
 
 
 def with_workers(knobs: Knobs, n: int) -> Knobs:
-    """knobs with n workers; from 0, torch's default prefetch."""
+    """knobs with n workers (the threads as they are); from 0, torch's default prefetch."""
     if n == 0:
-        return Knobs(0, None)
-    return Knobs(n, knobs.prefetch_factor or 2)
+        return replace(knobs, num_workers=0, prefetch_factor=None, worker_threads=None)
+    return replace(knobs, num_workers=n, prefetch_factor=knobs.prefetch_factor or 2)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,14 @@
-"""Where the in-place tuner looks next, from the kept setting's measurement (pure): the
-plan's setting (the throughput model, rules/plan.py), then the neighbours in worker count
-that the measurement makes plausible: more workers only while the loop waits for data as
-the field calls input-bound, fewer only while the trainer's CPUs are contended and fewer
-workers would still keep up."""
+"""Where the in-place tuner looks next, from the kept setting's measurement (pure): with
+thread tuning, fewer threads where they oversubscribe the CPUs (the loop's torch threads where
+they take the CPUs its workers need, the workers' pools where they do); the plan's setting
+(the throughput model, rules/plan.py); then the neighbours in worker count that the
+measurement makes plausible: more workers only while the loop waits for data as the field
+calls input-bound, fewer only while the trainer's CPUs are contended and fewer workers would
+still keep up. One knob per move: the Explorer keeps only what measures faster."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from ..model import Knobs
 from ..rules import plan as P
@@ -20,13 +24,13 @@ CONTENDED_CPU_SHARE = 0.9  # or the trainer keeps this share of its CPUs busy
 
 
 def propose(stretch: Stretch, persistent: bool) -> Proposal:
-    """Where to look next, from the kept setting's measurement: the plan's setting, then
-    the neighbours the measurement makes plausible."""
+    """Where to look next, from the kept setting's measurement: fewer threads where they
+    oversubscribe, the plan's setting, then the neighbours the measurement makes plausible."""
     m = stretch.measured
     knobs = stretch.knobs
     now = Setting(knobs.num_workers, 0, knobs.prefetch_factor or 2)
     plan = P.make_plan(m)
-    moves: list[tuple[Knobs, str]] = []
+    moves: list[tuple[Knobs, str]] = _thread_moves(m, knobs, plan)
     low = 1 if knobs.num_workers > 0 else 0
     top = P.most_workers(m, now, plan.cause)
     batch = P.batch_bytes(m)
@@ -35,10 +39,11 @@ def propose(stretch: Stretch, persistent: bool) -> Proposal:
         setting = Setting(k.num_workers, 0, k.prefetch_factor or 2)
         return low <= k.num_workers <= top and P.fits(m, setting, batch) is None
 
-    if (plan.changes_workers and not plan.thread_change and plan.gain is not None
+    if (plan.changes_workers and (not plan.thread_change or knobs.main_threads is not None) and plan.gain is not None
             and plan.gain >= MIN_MEASURED_GAIN):
-        suggested = Knobs(plan.chosen.num_workers,
-                          plan.chosen.prefetch_factor if plan.chosen.num_workers else None)
+        suggested = with_workers(knobs, plan.chosen.num_workers)
+        if plan.chosen.num_workers:
+            suggested = replace(suggested, prefetch_factor=plan.chosen.prefetch_factor)
         if allowed(suggested) and (suggested.num_workers > 0 or not persistent):
             moves.append((suggested, f"the model predicts {plan.gain:+.0%} steps/s"))
     down, up = neighbours(knobs.num_workers, low, top)
@@ -60,6 +65,25 @@ def propose(stretch: Stretch, persistent: bool) -> Proposal:
     if wait < T.DATA_WAIT_WARNING:  # the loop hardly waits: fewer is the likelier gain
         moves.sort(key=lambda mv: mv[0].num_workers > knobs.num_workers)
     return Proposal(moves=tuple(moves))
+
+
+def _thread_moves(m: Measured, knobs: Knobs, plan: P.Plan) -> list[tuple[Knobs, str]]:
+    """With thread tuning (the kept setting names the loop's threads): the loop's threads
+    down to the plan's limit where they take the CPUs its workers need; the workers' pools
+    capped at one thread each where they oversubscribe the CPUs."""
+    moves: list[tuple[Knobs, str]] = []
+    if knobs.main_threads is None:
+        return moves
+    if knobs.main_threads > 1 and P.main_threads_take_cpus(m):
+        limit = plan.chosen.main_threads or P.main_threads_limit(m)
+        if limit < knobs.main_threads:
+            moves.append((replace(knobs, main_threads=limit),
+                          f"the loop runs {m.main_busy_threads:.1f} busy threads that take the CPUs its workers need"))
+    lw = m.loader
+    if knobs.num_workers and knobs.worker_threads is None and lw is not None and plan.cause == P.THREADS:
+        moves.append((replace(knobs, worker_threads=1),
+                      f"each worker runs {lw.busy_threads or 0:.1f} busy threads: their pools oversubscribe the CPUs"))
+    return moves
 
 
 def _busy(m: Measured) -> str:

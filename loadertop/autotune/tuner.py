@@ -66,8 +66,11 @@ class TunerOff(Exception):
 
 class Tuner:
     def __init__(self, name: str, publish, config, shards_by_worker: bool = False,
-                 workers_of: Callable[[object], list[int]] | None = None) -> None:
+                 workers_of: Callable[[object], list[int]] | None = None, threads: bool = True) -> None:
         self.name = name
+        # Thread counts are knobs too (the loop's torch threads, the workers' pools), unless
+        # the user opts out: watch(..., tune_threads=False) or LOADERTOP_TUNE_THREADS=0.
+        self.threads = threads and os.environ.get("LOADERTOP_TUNE_THREADS", "1").strip() not in ("0", "false", "no")
         # The worker pids of a DataLoader iterator: the hook's own reading, given by it (the
         # tuner does not import the trainer side); without it, this process's workers by name.
         self.workers_of: Callable[[object], list[int]] = workers_of or (lambda iterator: [])
@@ -143,14 +146,14 @@ class Tuner:
                 if why is not None:
                     raise TunerOff(why)
                 self.me = M.Self()
-                self.started_with = L.knobs_of(inner)
+                self.started_with = self._knobs(inner)
                 self.explorer = Explorer(self.started_with)
                 self._publish()
             self.epoch += 1
             if self.until_boundary:  # a setting that waited for this boundary: measured from its first batch
                 self.until_boundary = False
                 self.skip = 1
-            self.ran = L.knobs_of(inner)
+            self.ran = self._knobs(inner)
             self.role = self._role()
             if self.state == "settled" and self.role.role in ("alone", "leader", "straggler"):
                 self._look_again_if_changed(inner)
@@ -165,7 +168,8 @@ class Tuner:
                 with self._applying():
                     self._apply(inner)
             self._tell(inner)
-            self.rng = L.rng_states(inner) if L.knobs_of(inner) != self.ran else None
+            changed = self.ran is not None and not L.same_workers(self._knobs(inner), self.ran)
+            self.rng = L.rng_states(inner) if changed else None
             if framework and self.restore is not None:
                 self.armed = ExitStack()  # until the framework's iterator gives its first batch
                 self.armed.enter_context(L.private_seed(*self.restore))
@@ -183,8 +187,8 @@ class Tuner:
         tuner off. Re-raises where the tuner changed nothing or that start fails too: the
         loop is never handed an iterator that is shut down."""
         inner = L.innermost(loader)
-        ran, tried = self.ran, L.knobs_of(inner)
-        if ran is None or ran == tried:
+        ran, tried = self.ran, self._knobs(inner)
+        if ran is None or L.same_workers(ran, tried):
             raise error
         L.apply(inner, ran)
         L.set_rng_states(self.rng)
@@ -283,10 +287,13 @@ class Tuner:
         with self._timed():
             with self._guarded():
                 self._decide()
-                ran = L.knobs_of(loader)
+                ran = self._knobs(loader)
                 if self.explorer is not None and self.explorer.current != ran and not self.idle:
                     target = self.explorer.current
-                    if not L.can_switch_mid_epoch(loader, target):
+                    if L.same_workers(target, ran):
+                        L.apply(loader, target)  # the loop's threads only: at once, the workers go on
+                        target = None
+                    elif not L.can_switch_mid_epoch(loader, target):
                         self._wait_for_the_boundary()
                         target = None
             if target is not None:
@@ -329,7 +336,7 @@ class Tuner:
         before, self.watch_reading = self.watch_reading, reading
         if before is None or self.last_wait is None:
             return
-        knobs = L.knobs_of(inner)
+        knobs = self._knobs(inner)
         m = M.measured(me, before, reading, wait=self.last_wait, num_workers=knobs.num_workers,
                        prefetch_factor=knobs.prefetch_factor, config=self.config())
         wait, cpus = under
@@ -529,7 +536,7 @@ class Tuner:
             return
         plan_from, plan = self.plan if self.plan is not None else (None, None)
         try:
-            self.peers.tell(R.Entry(self.peers.rank, self.epoch, self.last_wait, L.knobs_of(inner), plan_from, plan,
+            self.peers.tell(R.Entry(self.peers.rank, self.epoch, self.last_wait, self._knobs(inner), plan_from, plan,
                                     time.time()))
         except Exception as e:
             self._alone(e)
@@ -549,7 +556,7 @@ class Tuner:
         try:
             inner = L.innermost(loader)
             seed = L.base_seed(inner)
-            self.ran, self.rng = L.knobs_of(inner), L.rng_states(inner)
+            self.ran, self.rng = self._knobs(inner), L.rng_states(inner)
             if L.apply(inner, target):
                 self.restore = (inner, seed)
         except Exception as e:  # the loader stays as it is: the loop must go on
@@ -637,10 +644,13 @@ class Tuner:
             text += f"; the loader keeps {now.label()}"
         _warn_once(text)
 
+    def _knobs(self, inner) -> Knobs:
+        return L.knobs_of(inner, self.threads)
+
     def _running(self) -> Knobs | None:
         """The setting the loader has now (its next iterator's, at a boundary)."""
         try:
-            return L.knobs_of(L.innermost(self.loader)) if self.loader is not None else None
+            return self._knobs(L.innermost(self.loader)) if self.loader is not None else None
         except Exception:
             return None
 

@@ -402,20 +402,21 @@ class WatchedLoader:
     """Iterates exactly like the wrapped loader; every other attribute is the loader's."""
 
     def __init__(self, loader, name: str | None = None, directory: str = DIRECTORY, tune: bool = False,
-                 shards_by_worker: bool = False) -> None:
+                 shards_by_worker: bool = False, tune_threads: bool = True) -> None:
         self._loader = loader
         self._name = name or f"loader{next(_names)}"
         self._directory = directory
         self._shards_by_worker = shards_by_worker
+        self._tune_threads = tune_threads
         self._pub = publisher(self._name, _config(loader), directory)
-        self._tuner = tuner_of(self._pub, self._name, shards_by_worker) if tune else None
+        self._tuner = tuner_of(self._pub, self._name, shards_by_worker, tune_threads) if tune else None
 
     def __reduce__(self):
         # A copy (copy.copy, a framework re-instantiating its loaders, a pickle to another
         # process) is the loader watched again under the same name: in this process it goes
         # on with the same figures and tuner, elsewhere it starts its own file.
         return (WatchedLoader, (self._loader, self._name, self._directory, self._tuner is not None,
-                                self._shards_by_worker))
+                                self._shards_by_worker, self._tune_threads))
 
     def __iter__(self):
         tuner = self._tuner
@@ -442,17 +443,17 @@ class WatchedLoader:
         return getattr(self._loader, name)
 
 
-_OWN = frozenset({"_loader", "_name", "_directory", "_pub", "_tuner", "_shards_by_worker"})
+_OWN = frozenset({"_loader", "_name", "_directory", "_pub", "_tuner", "_shards_by_worker", "_tune_threads"})
 
 
-def tuner_of(pub: _Publisher, name: str, shards_by_worker: bool = False):
+def tuner_of(pub: _Publisher, name: str, shards_by_worker: bool = False, threads: bool = True):
     """The publisher's tuner (one per watched name: a loader watched again goes on with it)."""
     if pub.tuner is None:
         try:
             from ..autotune.tuner import Tuner  # only with tune=True: nothing else pays for it
 
             pub.tuner = Tuner(name, pub.publish_tune, lambda: {**pub.config, "batch_bytes": pub.batch_bytes or None},
-                              shards_by_worker=shards_by_worker, workers_of=worker_pids)
+                              shards_by_worker=shards_by_worker, workers_of=worker_pids, threads=threads)
         except Exception as e:  # the hook must never break training: watched, not tuned
             _warn(f"loadertop tune {name}: off ({type(e).__name__}: {e})")
             return None

@@ -97,7 +97,9 @@ def _knobs(value: object, name: str) -> Knobs | None:
     workers = _int(value.get("num_workers"), f"{name}.num_workers", high=MAX_WORKER_PIDS)
     if workers is None:
         raise HookError(f"{name} has no num_workers")
-    return Knobs(workers, _int(value.get("prefetch_factor"), f"{name}.prefetch_factor", high=1 << 16))
+    return Knobs(workers, _int(value.get("prefetch_factor"), f"{name}.prefetch_factor", high=1 << 16),
+                 main_threads=_int(value.get("main_threads"), f"{name}.main_threads", high=1 << 16),
+                 worker_threads=_int(value.get("worker_threads"), f"{name}.worker_threads", high=1 << 16))
 
 
 def _choice(value: object, name: str, allowed: tuple[Word, ...]) -> Word:
