@@ -162,7 +162,9 @@ def human_age(seconds: float | None) -> str:
 # Prometheus gives every scraped series its own `job` (the scrape job's name) and renames one
 # that comes with it to `exported_job`.
 HOST_LABELS = ["node"]
-TRAINER_LABELS = ["node", "train_job", "rank", "local_rank", "world_size"]
+# namespace and pod: a rank in a Kubernetes pod (empty elsewhere, and Prometheus keeps no
+# empty label: outside Kubernetes the series are as before).
+TRAINER_LABELS = ["node", "train_job", "rank", "local_rank", "world_size", "namespace", "pod"]
 # worker_id, not the pid: a pid label would make a new series each time a worker is
 # re-created (every epoch without persistent_workers). The pid is in loadertop_process_info.
 PROCESS_LABELS = [*TRAINER_LABELS, "worker_id", "role"]

@@ -386,6 +386,8 @@ class TrainerSnapshot:
     # The job it is a rank of, named the same on every node (probes/launch.py); None in
     # recordings made before jobs had names.
     job_id: str | None = None
+    namespace: str | None = None  # its Kubernetes pod's namespace and name, where it runs in one
+    pod: str | None = None
 
     def __post_init__(self) -> None:
         # The command line and environment are the process's own words (an argv can hold an
@@ -397,6 +399,8 @@ class TrainerSnapshot:
         if env != self.env:
             object.__setattr__(self, "env", env)
         _clean(self, "job_id")
+        _clean(self, "namespace")
+        _clean(self, "pod")
 
     @property
     def env_dict(self) -> dict[str, str]:

@@ -24,7 +24,7 @@ from .probes.exits import ExitWatch
 from .probes.gpu import GpuProbe
 from .probes.hook_files import HookReader
 from .probes.host import HostProbe, cpu_set, usable_cpus
-from .probes.launch import JOB_KEYS, job_id
+from .probes.launch import JOB_KEYS, POD_KEYS, job_id, kubernetes_pod
 from .probes.processes import ProcessSampler
 from .probes.pyspy import WorkerInfo
 from .probes.shm import read_shm
@@ -58,6 +58,8 @@ class _Trainer:
     cmdline: tuple[str, ...] = ()
     env: dict[str, str] | None = None
     job_id: str | None = None
+    namespace: str | None = None  # its Kubernetes pod's, where it runs in one
+    pod: str | None = None
     usable_cpus: int | None = None
     usable_at: float = float("-inf")
     cpu_set: tuple[int, ...] = ()
@@ -276,13 +278,14 @@ class Sampler:
     def _describe(self, state: _Trainer, st: procfs.Stat) -> None:
         state.cmdline = redact_cmdline(self.discovery.cmdline(st) or [st.comm])
         try:
-            env = procfs.environ_subset(st.pid, ENV_WHITELIST | JOB_KEYS)
+            env = procfs.environ_subset(st.pid, ENV_WHITELIST | JOB_KEYS | POD_KEYS)
         except PermissionError:
             env = None
         if env is None:
             state.env = state.job_id = None
             return
         state.job_id = job_id(env, self.host.hostname, state.job_pid)
+        state.namespace, state.pod = kubernetes_pod(env, st.pid, procfs.PROC)
         state.env = {k: v for k, v in env.items() if k in ENV_WHITELIST}
 
     def _sample_trainer(self, state, st, tree, now, board, events, live):
@@ -351,6 +354,8 @@ class Sampler:
             throttled_fraction=state.throttled_fraction,
             memory_headroom_bytes=state.memory_headroom,
             job_id=state.job_id,
+            namespace=state.namespace,
+            pod=state.pod,
         )
         state.last = snap
         if snap.workers:

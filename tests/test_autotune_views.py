@@ -110,7 +110,7 @@ def test_the_exporter_serves_the_tuners_setting_state_and_decisions():
     snap = tuned(SETTLED)[-1]
     families = {f.name: f for f in Exporter._tune(snap, {t.pid: trainer_labels(t, "h") for t in snap.trainers})}
     labels = {"node": "h", "train_job": f"pid:{TRAINER}", "rank": "", "local_rank": "", "world_size": "",
-              "loader": "D"}
+              "namespace": "", "pod": "", "loader": "D"}
     assert [(s.labels, s.value) for s in families["loadertop_tune_num_workers"].samples] == [(labels, 4.0)]
     assert [(s.labels["state"], s.value) for s in families["loadertop_tune_state"].samples] == [("settled", 1.0)]
     counts = {s.labels["action"]: s.value for s in families["loadertop_tune_decisions"].samples}

@@ -27,7 +27,9 @@ def scrape(port: int) -> str:
 
 
 def test_scrape_shows_the_job_and_its_workers(job):
-    j = job("--workers", "2", "--persistent", "--item-ms", "10")
+    # In a Kubernetes pod (as its container's environment says): namespace and pod labels.
+    pod = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "HOSTNAME": "trainer-0", "POD_NAMESPACE": "research"}
+    j = job("--workers", "2", "--persistent", "--item-ms", "10", env=pod)
     j.wait_ready()
     workers = j.wait_workers(2)
     port = free_port()
@@ -37,7 +39,8 @@ def test_scrape_shows_the_job_and_its_workers(job):
         text = wait_for(lambda: t if "loadertop_cpu_percent{" in (t := scrape(port)) else None, 30,
                         what="a scrape with worker metrics")
         host = socket.gethostname()
-        labels = f'local_rank="",node="{host}",rank="",train_job="{host}/{j.pid}",world_size=""'
+        labels = (f'local_rank="",namespace="research",node="{host}",pod="trainer-0",rank="",'
+                  f'train_job="{host}/{j.pid}",world_size=""')
         assert f"loadertop_workers{{{labels}}} 2.0" in text
         info = [line for line in text.splitlines() if line.startswith("loadertop_trainer_info{")]
         assert len(info) == 1 and f'job_pid="{j.pid}"' in info[0] and f',pid="{j.pid}"' in info[0]

@@ -73,10 +73,10 @@ def rank_views(snap: Snapshot, recent) -> dict[int, RankView]:
 
 
 def trainer_labels(t: TrainerSnapshot, node: str) -> list[str]:
-    """node, train_job, rank, local_rank, world_size (fields.TRAINER_LABELS)."""
-    def text(x: int | None) -> str:
+    """node, train_job, rank, local_rank, world_size, namespace, pod (fields.TRAINER_LABELS)."""
+    def text(x: int | str | None) -> str:
         return "" if x is None else str(x)
-    return [node, t.job, text(t.rank), text(t.local_rank), text(t.world_size)]
+    return [node, t.job, text(t.rank), text(t.local_rank), text(t.world_size), text(t.namespace), text(t.pod)]
 
 
 class Exporter:

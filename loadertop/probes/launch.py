@@ -9,8 +9,32 @@ redact module's ENV_WHITELIST is what leaves the process).
 from __future__ import annotations
 
 import ipaddress
+import os
 
 JOB_KEYS = frozenset({"TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "MASTER_ADDR", "MASTER_PORT"})
+# A process in a Kubernetes pod: every container gets KUBERNETES_SERVICE_HOST, its HOSTNAME is
+# the pod's name unless the pod sets another; POD_NAME / POD_NAMESPACE are the downward API's
+# usual names where the pod spec passes them.
+POD_KEYS = frozenset({"KUBERNETES_SERVICE_HOST", "HOSTNAME", "POD_NAME", "POD_NAMESPACE"})
+# The namespace file of the pod's service account, seen through the process's own root.
+NAMESPACE_FILE = "var/run/secrets/kubernetes.io/serviceaccount/namespace"
+MAX_NAME = 253  # a Kubernetes object name's limit
+
+
+def kubernetes_pod(env: dict[str, str], pid: int, proc: str = "/proc") -> tuple[str | None, str | None]:
+    """(namespace, pod) of a process that runs in a Kubernetes pod, else (None, None). Either
+    may be None where the pod does not tell it (no service account mounted, no downward API)."""
+    if "KUBERNETES_SERVICE_HOST" not in env and "POD_NAME" not in env:
+        return None, None
+    pod = (env.get("POD_NAME") or env.get("HOSTNAME") or "")[:MAX_NAME] or None
+    namespace = env.get("POD_NAMESPACE", "")[:MAX_NAME]
+    if not namespace:
+        try:
+            with open(os.path.join(proc, str(pid), "root", NAMESPACE_FILE), "rb") as f:
+                namespace = f.read(MAX_NAME + 1).decode("utf-8", "replace").strip()[:MAX_NAME]
+        except OSError:
+            namespace = ""
+    return namespace or None, pod
 
 
 def _loopback(host: str) -> bool:

@@ -1,0 +1,34 @@
+"""What a rank's launcher and its pod tell it (probes/launch.py): the job's name, the same on
+every node, and the Kubernetes namespace and pod a rank runs in."""
+
+from __future__ import annotations
+
+import pytest
+
+from loadertop.probes.launch import job_id, kubernetes_pod
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_jobs_name_is_the_same_on_every_node():
+    assert job_id({"TORCHELASTIC_RUN_ID": "exp7", "SLURM_JOB_ID": "9"}, "a", 1) == "run:exp7"
+    assert job_id({"TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "9"}, "a", 1) == "slurm:9"
+    both = {"MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29500", "WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"}
+    assert job_id(both, "node-a", 1) == job_id(both, "node-b", 2) == "10.0.0.5:29500"
+    # Every node's single-node job has its own 127.0.0.1:29500: named with its host.
+    one = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"}
+    assert job_id(one, "node-a", 1) != job_id(one, "node-b", 1)
+    assert job_id({}, "node-a", 77) == "node-a/77"
+
+
+def test_a_rank_in_a_kubernetes_pod_is_named_by_its_namespace_and_pod(tmp_path):
+    pid = 4242
+    folder = tmp_path / str(pid) / "root" / "var/run/secrets/kubernetes.io/serviceaccount"
+    folder.mkdir(parents=True)
+    (folder / "namespace").write_text("vision-team\n")
+    k8s = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "HOSTNAME": "resnet-worker-3"}
+    assert kubernetes_pod(k8s, pid, str(tmp_path)) == ("vision-team", "resnet-worker-3")
+    # The downward API's names win; no service account mounted: the namespace is unknown.
+    assert kubernetes_pod({**k8s, "POD_NAME": "p", "POD_NAMESPACE": "ns"}, pid, str(tmp_path)) == ("ns", "p")
+    assert kubernetes_pod(k8s, 1, str(tmp_path)) == (None, "resnet-worker-3")
+    assert kubernetes_pod({"HOSTNAME": "gpu-node-7"}, pid, str(tmp_path)) == (None, None)  # not in a pod
