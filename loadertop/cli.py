@@ -150,7 +150,9 @@ def _parser() -> argparse.ArgumentParser:
     fleet = sub.add_parser("fleet", help="every job the node agents report to Prometheus, joined across nodes")
     fleet.add_argument("--prometheus", required=True, metavar="URL", help="the Prometheus server, http://host:9090")
     fleet.add_argument("--json", action="store_true", help="print the loadertop.fleet/1 report as JSON")
-    fleet.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE (.json or .md)")
+    fleet.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE (.json, .md or .html)")
+    fleet.add_argument("--job", metavar="NAME", help="that job only (its train_job label), with each rank's "
+                       "data wait over the last 30 minutes")
     fleet.add_argument("--timeout", type=_positive, default=5.0, help="seconds a query may take (5)")
     fleet.add_argument("--interval", type=_interval, default=10.0, help="seconds between reads in the live view (10)")
 
@@ -509,7 +511,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     from .probes.prometheus import FleetError, Prometheus
 
     if args.output:
-        _check_output(args.output, (".json", ".md"))
+        _check_output(args.output, (".json", ".md", ".html"))
     try:
         prometheus = Prometheus(args.prometheus, timeout_s=args.timeout)
         if not args.json and not args.output and sys.stdout.isatty() and sys.stdin.isatty():
@@ -518,12 +520,16 @@ def cmd_fleet(args: argparse.Namespace) -> int:
 
             FleetApp(prometheus, interval_s=args.interval).run()
             return 0
-        report = fleet.read(prometheus)
+        report = fleet.read(prometheus, job=args.job)
     except FleetError as e:
         raise UsageError(str(e)) from None
+    if args.job is not None and not report["jobs"]:
+        raise UsageError(f"--job {args.job!r}: Prometheus has no ranks of that job in the last {fleet.LOOKBACK}; "
+                         "`loadertop fleet --prometheus URL` lists the jobs it has")
     text = json.dumps(report, indent=2) + "\n"
     if args.output:
-        write_file(args.output, text if args.output.lower().endswith(".json") else fleet.render_md(report))
+        kind = args.output.lower().rsplit(".", 1)[-1]
+        write_file(args.output, {"json": text, "md": fleet.render_md(report), "html": fleet.render_html(report)}[kind])
         print(f"loadertop: fleet report written to {args.output}", file=sys.stderr)
     if args.json:
         sys.stdout.write(text)

@@ -62,6 +62,22 @@ def test_the_fleet_names_the_rank_and_node_the_job_waits_for(job, tmp_path):
         md = tmp_path / "fleet.md"
         assert fleet(url, "-o", str(md)).returncode == 0
         assert "The job waits for rank 1 on" in md.read_text()
+        # One job, looked at: its ranks only, each with its data wait over the last half hour
+        # (a range query), as JSON and as a page to share.
+        page = tmp_path / "job.html"
+        r = fleet(url, "--job", job_["job"], "--json", "-o", str(page))
+        assert r.returncode == 0, r.stderr
+        (one,) = json.loads(r.stdout)["jobs"]
+        assert one["job"] == job_["job"] and one["straggler"]["rank"] == 1
+        for rank in one["ranks"]:
+            history = rank["data_wait_history"]
+            assert len(history) == 60 and any(v is not None for v in history), rank
+        slow = next(r for r in one["ranks"] if r["rank"] == 1)
+        assert max(v for v in slow["data_wait_history"] if v is not None) >= 0.2  # it waits for its loader
+        text = page.read_text()
+        assert "<tr class='straggler'><td>1</td>" in text and "<polyline" in text and "<script" not in text
+        r = fleet(url, "--job", "no-such-job", "--json")
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no ranks of that job" in r.stderr
         # The agent stops: its node goes stale (figures kept, marked with their age), never live.
         agent.send_signal(signal.SIGINT)
         agent.wait(timeout=15)
@@ -266,6 +282,13 @@ async def test_the_fleet_view_lists_the_jobs_and_the_selected_jobs_ranks_and_kee
         ranks = str(app.query_one("#ranks").render())
         assert "WAITS FOR RANK 1" in ranks and ranks.index("INPUT-BOUND 80%") < ranks.index("WAITS FOR RANK 1")
         assert "node node-b: STALE, last reported 300 s ago" in str(app.query_one("#status").render())
+        # The selected job's history (its range query fails here: no server) then arrives.
+        from loadertop.tui.fleet_view import HistoryRead
+
+        app.post_message(HistoryRead("127.0.0.1:29500", {("node-b", 1): [None] * 30 + [0.1] * 10 + [0.9] * 20}))
+        await pilot.pause(0.2)
+        ranks = str(app.query_one("#ranks").render())
+        assert "DATA WAIT, LAST 30 MIN" in ranks and "▁▁▁▁▁███" in ranks.replace(" ", "")
         app.post_message(FleetRead(None, "cannot reach Prometheus at http://x (refused)"))
         await pilot.pause(0.2)
         assert table.row_count == 1 and "n/a: cannot reach" in str(app.query_one("#status").render())

@@ -8,6 +8,7 @@ keeps its last figures, marked stale with their age, never shown as live)."""
 from __future__ import annotations
 
 import datetime as dt
+import html
 import time
 
 from ..probes.prometheus import Prometheus, Sample
@@ -21,6 +22,9 @@ LOOKBACK = "10m"
 # or its latest sample is older than this (the agent samples every few seconds, Prometheus
 # scrapes every 15-60 s).
 STALE_S = 120.0
+# A job's ranks, looked at one by one: their data wait over the last half hour.
+HISTORY_S = 1800.0
+HISTORY_POINTS = 60
 
 FIGURES = {
     "data_wait": "loadertop_data_wait_ratio",
@@ -37,21 +41,32 @@ def _key(s: Sample) -> tuple[str, str, str]:
     return (s.labels.get("train_job", ""), s.labels.get("node", ""), s.labels.get("rank", ""))
 
 
-def read(prom: Prometheus, now: float | None = None) -> dict:
+def _matcher(job: str | None) -> str:
+    """The label matcher of one job's series ('' for the whole fleet)."""
+    if job is None:
+        return ""
+    escaped = job.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'{{train_job="{escaped}"}}'
+
+
+def read(prom: Prometheus, now: float | None = None, job: str | None = None) -> dict:
     """The fleet report: one query a figure (its cost grows with the jobs shown, not with the
-    fleet's history)."""
+    fleet's history). `job`: that job only, its ranks with their data wait's history."""
     now = time.time() if now is None else now
+    only = _matcher(job)
     ranks: dict[tuple[str, str, str], dict] = {}
     sizes: dict[tuple[str, str, str], str] = {}
+    pods: dict[tuple[str, str, str], tuple[str | None, str | None]] = {}
     for name, metric in FIGURES.items():
-        for s in prom.query(f"last_over_time({metric}[{LOOKBACK}])"):
+        for s in prom.query(f"last_over_time({metric}{only}[{LOOKBACK}])"):
             row = ranks.setdefault(_key(s), {})
             row[name] = s.value
             sizes.setdefault(_key(s), s.labels.get("world_size", ""))
+            pods.setdefault(_key(s), (s.labels.get("namespace") or None, s.labels.get("pod") or None))
     cpu = {_key(s): s.value for s in prom.query(
-        f"sum by (train_job, node, rank) (last_over_time(loadertop_cpu_percent[{LOOKBACK}]))")}
+        f"sum by (train_job, node, rank) (last_over_time(loadertop_cpu_percent{only}[{LOOKBACK}]))")}
     findings: dict[tuple[str, str, str], list[str]] = {}
-    for s in prom.query(f"last_over_time(loadertop_finding[{LOOKBACK}]) == 1"):
+    for s in prom.query(f"last_over_time(loadertop_finding{only}[{LOOKBACK}]) == 1"):
         findings.setdefault(_key(s), []).append(s.labels.get("id", ""))
     seen = {s.labels.get("node", ""): s.value for s in prom.query(
         f"max by (node) (timestamp(last_over_time(loadertop_host_cpu_percent[{LOOKBACK}])))")}
@@ -71,12 +86,39 @@ def read(prom: Prometheus, now: float | None = None) -> dict:
             "workers": int(row["workers"]) if "workers" in row else None, "cpu_percent": _r(cpu.get(key)),
             "findings": sorted(findings.get(key, [])), "stale": node in stale,
             "world_size": int(sizes[key]) if sizes.get(key, "").isdigit() else None,
+            "namespace": pods.get(key, (None, None))[0], "pod": pods.get(key, (None, None))[1],
         })
+    if job is not None:
+        _with_history(prom, job, jobs.get(job, []), now)
     out = [_job(name, rows) for name, rows in jobs.items() if name]
     out.sort(key=lambda j: (j["straggler"] is None, -(j["straggler"] or {}).get("cost_fraction", 0.0) or 0.0,
                             -max((r["data_wait_fraction"] or 0.0) for r in j["ranks"])))
     return {"schema": SCHEMA, "created_at": dt.datetime.fromtimestamp(now, dt.timezone.utc).isoformat(
         timespec="seconds"), "prometheus": prom.url, "nodes": nodes, "jobs": out}
+
+
+def _with_history(prom: Prometheus, job: str, rows: list[dict], now: float) -> None:
+    """Each rank's data wait over the last HISTORY_S, HISTORY_POINTS points (None: no sample),
+    from one range query of the job's series."""
+    step = HISTORY_S / HISTORY_POINTS
+    start = now - HISTORY_S
+    series = prom.query_range(f"loadertop_data_wait_ratio{_matcher(job)}", start, now, step)
+    by_rank: dict[tuple[str, str], list[float | None]] = {}
+    for s in series:
+        points: list[float | None] = [None] * HISTORY_POINTS
+        for t, v in s.points:
+            i = min(HISTORY_POINTS - 1, max(0, int((t - start) / step)))
+            points[i] = round(v, 4)
+        by_rank[(s.labels.get("node", ""), s.labels.get("rank", ""))] = points
+    for r in rows:
+        r["data_wait_history"] = by_rank.get((r["node"], "" if r["rank"] is None else str(r["rank"])))
+
+
+def _pod(r: dict) -> str:
+    """' (pod `namespace/name`)' for a rank in a Kubernetes pod."""
+    if not r.get("pod"):
+        return ""
+    return f" (pod `{r['namespace']}/{r['pod']}`)" if r.get("namespace") else f" (pod `{r['pod']}`)"
 
 
 def _r(x: float | None) -> float | None:
@@ -168,8 +210,59 @@ def render_md(report: dict) -> str:
         out.append("| rank | node | data wait | waits for other ranks | workers | verdict | findings |")
         out.append("|---|---|---|---|---|---|---|")
         for r in job["ranks"]:
-            out.append(f"| {r['rank']} | `{r['node']}` | {_pct(r['data_wait_fraction'])} | "
+            out.append(f"| {r['rank']} | `{r['node']}`{_pod(r)} | {_pct(r['data_wait_fraction'])} | "
                        f"{_pct(r['wait_for_ranks_fraction'])} | {r['workers']} | {r['verdict']} | "
                        f"{', '.join(r['findings'])} |")
         out.append("")
     return "\n".join(out)
+
+
+def render_html(report: dict) -> str:
+    """The fleet report as one self-contained HTML page (no script, no outside resource):
+    a table a job, its straggler marked, and each rank's data wait history where read."""
+    e = html.escape
+    stale = [n for n in report["nodes"] if n["stale"]]
+    out = ["<!doctype html><html><head><meta charset='utf-8'>",
+           f"<title>loadertop fleet: {len(report['jobs'])} jobs</title><style>",
+           "body{font:14px system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse;margin:.5em 0 2em}"
+           "td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}td.l,th.l{text-align:left}"
+           "tr.straggler{background:#fde2e2}.bad{color:#b00020;font-weight:bold}.dim{color:#777}",
+           "</style></head><body>",
+           f"<h1>loadertop fleet: {len(report['jobs'])} jobs on {len(report['nodes'])} nodes</h1>",
+           f"<p class='dim'>{e(report['created_at'])}, from {e(report['prometheus'])}</p>"]
+    if stale:
+        ages = ", ".join(f"{e(n['node'])} ({n['age_s']:.0f} s)" for n in stale)
+        out.append(f"<p class='bad'>Stale nodes (their agent stopped reporting): {ages}</p>")
+    for job in report["jobs"]:
+        s = job["straggler"]
+        verdict = f"<span class='{'bad' if s else ''}'>{e(job['verdict'])}</span>"
+        out.append(f"<h2><code>{e(job['job'])}</code>: {verdict}</h2>")
+        who = (f"The job waits for rank {s['rank']} on <code>{e(s['node'])}</code> ({e(s['cause'])}): the others "
+               f"wait {_pct(s['cost_fraction'])} of their loop for it.") if s else "No rank waits for another."
+        out.append(f"<p>{e(job['seen'])} on {len(job['nodes'])} nodes. {who}</p>")
+        history = any(r.get("data_wait_history") for r in job["ranks"])
+        out.append("<table><tr><th>rank</th><th class='l'>node</th><th>data wait</th><th>waits for other ranks</th>"
+                   "<th>workers</th><th>CPU %</th>" + ("<th class='l'>data wait, last 30 min</th>" if history else "")
+                   + "<th class='l'>verdict</th><th class='l'>findings</th></tr>")
+        for r in job["ranks"]:
+            mark = " class='straggler'" if s and r["rank"] == s["rank"] else ""
+            cpu = "n/a" if r["cpu_percent"] is None else f"{r['cpu_percent']:.0f}"
+            out.append(f"<tr{mark}><td>{'-' if r['rank'] is None else r['rank']}</td>"
+                       f"<td class='l'><code>{e(r['node'])}</code>{e(_pod(r))}</td>"
+                       f"<td>{_pct(r['data_wait_fraction'])}</td><td>{_pct(r['wait_for_ranks_fraction'])}</td>"
+                       f"<td>{'n/a' if r['workers'] is None else r['workers']}</td><td>{cpu}</td>"
+                       + (f"<td class='l'>{_history_svg(r.get('data_wait_history'))}</td>" if history else "")
+                       + f"<td class='l'>{e(r['verdict'])}</td><td class='l'>{e(', '.join(r['findings']))}</td></tr>")
+        out.append("</table>")
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"
+
+
+def _history_svg(points: list[float | None] | None, width: int = 180, height: int = 24) -> str:
+    """A rank's data wait over the last half hour as an inline line (0 to 100 %)."""
+    if not points:
+        return ""
+    step = width / max(1, len(points) - 1)
+    path = " ".join(f"{i * step:.1f},{height - v * height:.1f}" for i, v in enumerate(points) if v is not None)
+    return (f"<svg width='{width}' height='{height}' role='img' aria-label='data wait history'>"
+            f"<polyline fill='none' stroke='#1f77b4' stroke-width='1.5' points='{path}'/></svg>")

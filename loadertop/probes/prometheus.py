@@ -25,6 +25,12 @@ class Sample:
     value: float
 
 
+@dataclass(frozen=True)
+class Series:
+    labels: dict[str, str]
+    points: tuple[tuple[float, float], ...]  # (epoch seconds, value)
+
+
 class Prometheus:
     def __init__(self, url: str, timeout_s: float = TIMEOUT_S) -> None:
         parsed = urllib.parse.urlparse(url)
@@ -35,7 +41,33 @@ class Prometheus:
 
     def query(self, promql: str) -> list[Sample]:
         """An instant query's samples (a vector); NaN values are left out."""
-        address = f"{self.url}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
+        out = []
+        for item in self._get("query", {"query": promql}):
+            try:
+                labels = {str(k): str(v) for k, v in item["metric"].items()}
+                value = float(item["value"][1])
+            except (KeyError, TypeError, ValueError, IndexError):
+                continue
+            if math.isfinite(value):
+                out.append(Sample(labels, value))
+        return out
+
+    def query_range(self, promql: str, start: float, end: float, step_s: float) -> list[Series]:
+        """A range query's series (a matrix), each its (time, value) points; NaN left out."""
+        out = []
+        params = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{max(1.0, step_s):g}"}
+        for item in self._get("query_range", params):
+            try:
+                labels = {str(k): str(v) for k, v in item["metric"].items()}
+                points = tuple((float(t), float(v)) for t, v in item["values"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            out.append(Series(labels, tuple(p for p in points if math.isfinite(p[1]))))
+        return out
+
+    def _get(self, api: str, params: dict[str, str]) -> list:
+        """The result list of one API call, or FleetError saying what went wrong."""
+        address = f"{self.url}/api/v1/{api}?{urllib.parse.urlencode(params)}"
         try:
             with urllib.request.urlopen(address, timeout=self.timeout_s) as r:  # noqa: S310 (the user's URL)
                 body = r.read(MAX_BYTES + 1)
@@ -44,7 +76,7 @@ class Prometheus:
                 raise FleetError(f"Prometheus at {self.url} refused the query ({e.code}): give a URL that needs no "
                                  "credentials here, or one with them (http://user:password@host:9090)") from None
             if e.code == 404:
-                raise FleetError(f"{self.url} has no Prometheus query API (404 for /api/v1/query): give the "
+                raise FleetError(f"{self.url} has no Prometheus query API (404 for /api/v1/{api}): give the "
                                  "Prometheus server's address, not an exporter's or a dashboard's") from None
             raise FleetError(f"Prometheus at {self.url} answered {e.code} {e.reason}") from None
         except (urllib.error.URLError, TimeoutError, OSError) as e:
@@ -64,13 +96,4 @@ class Prometheus:
         result = (data.get("data") or {}).get("result")
         if not isinstance(result, list):
             raise FleetError(f"{self.url} did not answer as Prometheus does (no result)")
-        out = []
-        for item in result:
-            try:
-                labels = {str(k): str(v) for k, v in item["metric"].items()}
-                value = float(item["value"][1])
-            except (KeyError, TypeError, ValueError, IndexError):
-                continue
-            if math.isfinite(value):
-                out.append(Sample(labels, value))
-        return out
+        return result

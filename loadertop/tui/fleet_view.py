@@ -24,8 +24,30 @@ class FleetRead(Message):
         self.error = error
 
 
+class HistoryRead(Message):
+    def __init__(self, job: str, history: dict[tuple[str, object], list]) -> None:
+        super().__init__()
+        self.job = job
+        self.history = history
+
+
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.0%}"
+
+
+BARS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(points: list[float | None] | None, width: int = 30) -> str:
+    """A rank's data wait over the last half hour (0 to 100 %), newest on the right."""
+    if not points:
+        return ""
+    step = max(1, len(points) // width)
+    out = []
+    for i in range(0, len(points), step):
+        seen = [p for p in points[i : i + step] if p is not None]
+        out.append(" " if not seen else BARS[min(len(BARS) - 1, int(max(seen) * len(BARS)))])
+    return "".join(out)
 
 
 class FleetApp(App):
@@ -41,6 +63,8 @@ class FleetApp(App):
         self.error: str | None = None
         self.reads = 0
         self._reading = False
+        # The selected job's ranks' data wait over the last half hour, from a range query.
+        self.history: dict[str, dict[tuple[str, object], list]] = {}
 
     def compose(self) -> ComposeResult:
         yield Static(id="status")
@@ -107,26 +131,48 @@ class FleetApp(App):
     def on_data_table_row_highlighted(self, _: DataTable.RowHighlighted) -> None:
         self._show_ranks()
 
-    def _show_ranks(self) -> None:
+    def _selected(self) -> dict | None:
         table = self.query_one("#jobs", DataTable)
         jobs = (self.report or {}).get("jobs", [])
+        return jobs[table.cursor_row] if jobs and table.cursor_row < len(jobs) else None
+
+    @work(thread=True, exclusive=True, group="history")
+    def _read_history(self, job: str) -> None:
+        try:
+            report = fleet.read(self.prometheus, job=job)
+        except Exception:  # noqa: BLE001 (history is extra: the rows stay without it)
+            return
+        rows: list[dict] = next((j["ranks"] for j in report["jobs"] if j["job"] == job), [])
+        self.post_message(HistoryRead(job, {(r["node"], r["rank"]): r.get("data_wait_history") or [] for r in rows}))
+
+    def on_history_read(self, message: HistoryRead) -> None:
+        self.history[message.job] = message.history
+        self._show_ranks(fetch=False)
+
+    def _show_ranks(self, fetch: bool = True) -> None:
+        jobs = (self.report or {}).get("jobs", [])
         panel = self.query_one("#ranks", Static)
-        if not jobs or table.cursor_row >= len(jobs):
+        job = self._selected()
+        if job is None:
             panel.update(" no job reported yet" if not jobs else "")
             return
-        job = jobs[table.cursor_row]
+        if fetch:
+            self._read_history(job["job"])
+        history = self.history.get(job["job"], {})
         t = Text()
         t.append(f" {job['job']}: ", style="bold")
         t.append(job["verdict"], style="bold reverse red" if job["straggler"] else "bold")
         t.append(f"  {job['seen']} on {len(job['nodes'])} nodes\n")
         head = f" {'RANK':>5} {'NODE':<20} {'DATA WAIT':>9} {'WAITS FOR RANKS':>15} {'WORKERS':>7} {'CPU%':>6}"
-        t.append(head + "  VERDICT\n", style="bold")
+        t.append(head + f"  {'DATA WAIT, LAST 30 MIN':<30}  VERDICT\n", style="bold")
         for r in job["ranks"]:
             rank = "-" if r["rank"] is None else str(r["rank"])
             cpu = "n/a" if r["cpu_percent"] is None else f"{r['cpu_percent']:.0f}"
             workers = "n/a" if r["workers"] is None else str(r["workers"])
             t.append(f" {rank:>5} {r['node'][:20]:<20} {_pct(r['data_wait_fraction']):>9} "
-                     f"{_pct(r['wait_for_ranks_fraction']):>15} {workers:>7} {cpu:>6}  {r['verdict']}")
+                     f"{_pct(r['wait_for_ranks_fraction']):>15} {workers:>7} {cpu:>6}  ")
+            t.append(f"{sparkline(history.get((r['node'], r['rank']))):<30}", style="cyan")
+            t.append(f"  {r['verdict']}")
             if r["findings"]:
                 t.append(f"  [{', '.join(r['findings'])}]", style="dim")
             t.append("\n")
