@@ -167,3 +167,24 @@ def test_a_small_dev_shm_caps_the_workers_it_proposes(job):
     prefetch = change.get("DataLoader", {}).get("prefetch_factor", 2)
     assert workers * prefetch * batch <= 0.8 * size, change
     assert change == {"DataLoader": {"num_workers": 2, "prefetch_factor": 1}, "dataset": "MapData"}, plan
+
+
+def test_consecutive_snapshots_beside_a_load_that_comes_and_goes_keep_one_verdict(job):
+    # Issue 35: on a host that others use, the verdict flipped between BUSY HOST, INPUT-BOUND and
+    # OVERSUBSCRIBED in consecutive 15 s snapshots of an unchanged job. Here another process
+    # takes one CPU 1.5 s of every 3 s: each snapshot measures it over its own whole window.
+    hog = subprocess.Popen([PYTHON, "-c", "import time\nwhile True:\n    t = time.time()\n"
+                            "    while time.time() - t < 1.5: pass\n    time.sleep(1.5)\n"])
+    try:
+        j = job("--workers", "2", "--persistent", "--item-ms", "6", "--batch-size", "8", "--step-ms", "10")
+        j.wait_ready()
+        reps = [report(j.pid, duration=8) for _ in range(3)]
+    finally:
+        hog.kill()
+        hog.wait()
+    verdicts = [only_trainer(r)["verdict"].split()[0] for r in reps]
+    found = [sorted(f["id"] for f in r["findings"]) for r in reps]
+    assert len(set(verdicts)) == 1 and len({tuple(f) for f in found}) == 1, (verdicts, found)
+    for r in reps:  # what it measured of the others: some, never more than the host has
+        others = only_trainer(r)["plan"]["evidence"]["other_processes_cpus"]
+        assert 0.1 <= others <= r["host"]["cpu_count"], others
