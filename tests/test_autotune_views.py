@@ -103,6 +103,27 @@ def test_a_finding_says_tune_would_apply_its_change_or_that_the_tuner_measures_i
     assert "without a restart" not in starved.suggestion
 
 
+def test_a_settled_tuners_measurement_of_a_count_wins_over_the_models_prediction():
+    # Issue 35: with `demo --tune` the tuner settled on 2 workers while the finding under it still
+    # proposed 2 -> 3, the count it had measured no faster in place.
+    plain, _ = diagnose_with_plans(tuned(TRYING))
+    (proposed,) = [f for f in plain if f.id == "input_bound"]
+    n = proposed.change["DataLoader"]["num_workers"]
+    measured = TuneState("settled", TWO, TWO, 6, 12.0, 0.01, "", (
+        Decision("try", TWO, Knobs(n, 2), reason="the model predicts +80% steps/s", epoch=3, batch=90, at=1e9),
+        Decision("revert", Knobs(n, 2), TWO, -0.01, 0.04, epoch=4, batch=120, at=1e9 + 10),
+        Decision("settle", TWO, TWO, reason=f"num_workers={n} measured no faster", epoch=5, batch=150, at=1e9 + 20)))
+    findings, plans = diagnose_with_plans(tuned(measured))
+    assert not any((f.change or {}).get("DataLoader", {}).get("num_workers") for f in findings), findings
+    (starved,) = [f for f in findings if f.id == "input_bound"]
+    assert f"tune=True measured num_workers={n} no faster in place and keeps num_workers=2" in starved.suggestion
+    # A count it never tried is still proposed.
+    other = replace(measured, decisions=tuple(replace(d, old=Knobs(n + 5, 2)) if d.action == "revert" else d
+                                              for d in measured.decisions))
+    findings, _ = diagnose_with_plans(tuned(other))
+    assert any((f.change or {}).get("DataLoader", {}).get("num_workers") == n for f in findings)
+
+
 @pytest.mark.unit
 def test_the_exporter_serves_the_tuners_setting_state_and_decisions():
     from loadertop.outputs.export import Exporter, trainer_labels

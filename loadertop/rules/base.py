@@ -161,13 +161,21 @@ class Context:
             parts=parts,
             note=note,
         )
-        return Check(level, with_plan(f, self.plan) if parts else f, span_s=span_s, immediate=immediate)
+        planned = parts or rule_id in LOADER_FINDINGS
+        return Check(level, with_plan(f, self.plan) if planned else f, span_s=span_s, immediate=immediate)
+
+
+# Findings about how fast the loader delivers: where the tuner measured a count, they say so.
+LOADER_FINDINGS = frozenset({"input_bound", "too_many_workers", "main_process_bound"})
 
 
 def with_plan(f: Finding, plan: Plan) -> Finding:
-    """The finding with its change and suggestion taken from `plan` (the trainer's latest)."""
+    """The finding with its change and suggestion taken from `plan` (the trainer's latest). A
+    finding about the loader that proposes nothing says what the settled tuner measured."""
     if not f.parts:
-        return f
+        measured = plan.tune_text() if plan.tune_measured is not None and f.id in LOADER_FINDINGS else ""
+        return replace(f, suggestion=f"{f.suggestion}; {measured}") if measured and measured not in f.suggestion \
+            else f
     change = plan.change(*f.parts)
     sentence = plan.sentence(f.parts)
     tune = plan.tune_text() if "workers" in f.parts else ""

@@ -42,6 +42,8 @@ class LoaderWindow:
     doing: str | None  # the frame seen most in recent stacks
     batch_bytes: int | None  # one batch's tensors, where the hook measured it
     tune: str | None = None  # its in-place tuner's state (watch(..., tune=True)), None: not tuned
+    # Worker counts its tuner measured no faster than the one it kept (its reverted trials).
+    tune_measured_slower: frozenset[int] = frozenset()
 
     @property
     def demand(self) -> float:
@@ -172,6 +174,8 @@ def _loader_window(config: LoaderConfig | None, members: tuple[ProcessSample, ..
         doing=frames.most_common(1)[0][0] if frames else None,
         batch_bytes=config.batch_bytes if config else None,
         tune=config.tune.state if config and config.tune else None,
+        tune_measured_slower=frozenset(d.old.num_workers for d in (config.tune.decisions if config and config.tune
+                                                                    else ()) if d.action == "revert" and d.old),
     )
 
 

@@ -69,6 +69,9 @@ class Plan:
     cpus_text: str = ""
     loop: str | None = None  # the framework whose loop runs the loader: the change in its terms
     tuned: str | None = None  # the loader's in-place tuner's state, where it runs one
+    # The worker count the model chose that the settled tuner measured no faster in place:
+    # its measurement of this job wins over the model's prediction.
+    tune_measured: int | None = None
 
     @property
     def changes_workers(self) -> bool:
@@ -149,6 +152,9 @@ class Plan:
     def tune_text(self) -> str:
         """What the in-place tuner does with this plan's worker change: it measures it where
         the loader runs one, and would apply it without a restart where it could."""
+        if self.tune_measured is not None:
+            return (f"tune=True measured num_workers={self.tune_measured} no faster in place and keeps "
+                    f"num_workers={self.now.num_workers}")
         if not self.changes_workers or self.iterable or self.cause == DISPATCHED:
             return ""
         if self.tuned in ("warm-up", "measuring", "trying"):
@@ -469,6 +475,12 @@ def make_plan(m: Measured, hung: bool = False) -> Plan:
         reason = cause in (THREADS, TOO_MANY_WORKERS, QUOTA) or not now_fits
         if not (cheaper and reason and chosen.gain_over(current) >= -T.MAX_LOSS) and now_fits:
             chosen = current
+    tune_measured = None
+    if (lw is not None and lw.tune == "settled" and chosen.setting.num_workers != now.num_workers
+            and chosen.setting.num_workers in lw.tune_measured_slower):
+        # The settled tuner tried that count on this job and measured it no faster.
+        tune_measured, chosen = chosen.setting.num_workers, current
+    base["tune_measured"] = tune_measured
     if cause == THREADS and chosen.setting.threads_per_worker != 1:
         chosen = predict(t, Setting(chosen.setting.num_workers, 1, chosen.setting.prefetch_factor))
     if chosen.setting.main_threads:
