@@ -202,10 +202,11 @@ class Knobs:
     main_threads: int | None = None  # torch.set_num_threads in the loop; None: not tuned
     worker_threads: int | None = None  # each worker's pools capped at this; None: as the job sets them
 
-    def label(self) -> str:
+    def label(self, since: Knobs | None = None) -> str:
+        """Every setting; with `since`, the thread settings only where they changed from it."""
         text = "num_workers=0" if self.num_workers == 0 else \
             f"num_workers={self.num_workers} prefetch_factor={self.prefetch_factor}"
-        return text + self._threads(None)
+        return text + self._threads(since)
 
     def short(self, beside: Knobs) -> str:
         """The label, without the prefetch and the threads where they are beside's."""
@@ -323,7 +324,7 @@ class TuneState:
             since = ""
             if kept and self.started_with is not None and self.started_with != self.setting:
                 since = f" (from {self.started_with.short(self.setting)})"
-            return f"tune: settled on {self.setting.label()}{since}"
+            return f"tune: settled on {self.setting.label(since=self.started_with)}{since}"
         if self.state == "warm-up":
             return "tune: warming up"
         return f"tune: measuring {self.setting.label()}" if self.setting else "tune: measuring"

@@ -288,7 +288,7 @@ async def test_the_fleet_view_lists_the_jobs_and_the_selected_jobs_ranks_and_kee
         app.post_message(HistoryRead("127.0.0.1:29500", {("node-b", 1): [None] * 30 + [0.1] * 10 + [0.9] * 20}))
         await pilot.pause(0.2)
         ranks = str(app.query_one("#ranks").render())
-        assert "DATA WAIT, LAST 30 MIN" in ranks and "▁▁▁▁▁███" in ranks.replace(" ", "")
+        assert "WAIT, 30 MIN" in ranks and "▁▁▁███████" in ranks.replace(" ", "")
         app.post_message(FleetRead(None, "cannot reach Prometheus at http://x (refused)"))
         await pilot.pause(0.2)
         assert table.row_count == 1 and "n/a: cannot reach" in str(app.query_one("#status").render())

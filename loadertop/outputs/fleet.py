@@ -114,6 +114,11 @@ def _with_history(prom: Prometheus, job: str, rows: list[dict], now: float) -> N
         r["data_wait_history"] = by_rank.get((r["node"], "" if r["rank"] is None else str(r["rank"])))
 
 
+def count(n: int, word: str) -> str:
+    """'1 job', '3 jobs'."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def _pod(r: dict) -> str:
     """' (pod `namespace/name`)' for a rank in a Kubernetes pod."""
     if not r.get("pod"):
@@ -173,7 +178,7 @@ def _pct(x: float | None) -> str:
 
 def render_text(report: dict) -> str:
     """The fleet in the terminal: a line a job, worst first, its ranks under it."""
-    lines = [f"loadertop fleet: {len(report['jobs'])} jobs on {len(report['nodes'])} nodes "
+    lines = [f"loadertop fleet: {count(len(report['jobs']), 'job')} on {count(len(report['nodes']), 'node')} "
              f"({report['prometheus']}, {report['created_at']})"]
     for n in report["nodes"]:
         if n["stale"]:
@@ -182,7 +187,7 @@ def render_text(report: dict) -> str:
         s = job["straggler"]
         who = (f"; waits for rank {s['rank']} on {s['node']} ({s['cause']}), costing {_pct(s['cost_fraction'])} "
                "of the others' loop") if s else ""
-        lines.append(f"{job['job']}: {job['verdict']} ({job['seen']} on {len(job['nodes'])} nodes){who}")
+        lines.append(f"{job['job']}: {job['verdict']} ({job['seen']} on {count(len(job['nodes']), 'node')}){who}")
         for r in job["ranks"]:
             lines.append(f"  rank {r['rank'] if r['rank'] is not None else '-':>4} {r['node']:<20} "
                          f"data wait {_pct(r['data_wait_fraction']):>4}  waits for ranks "
@@ -203,7 +208,7 @@ def render_md(report: dict) -> str:
         s = job["straggler"]
         out.append(f"## `{job['job']}`: {job['verdict']}")
         out.append("")
-        out.append(f"{job['seen']} on {len(job['nodes'])} nodes."
+        out.append(f"{job['seen']} on {count(len(job['nodes']), 'node')}."
                    + (f" The job waits for rank {s['rank']} on `{s['node']}` ({s['cause']}): the others wait "
                       f"{_pct(s['cost_fraction'])} of their loop for it." if s else " No rank waits for another."))
         out.append("")
@@ -228,7 +233,7 @@ def render_html(report: dict) -> str:
            "td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}td.l,th.l{text-align:left}"
            "tr.straggler{background:#fde2e2}.bad{color:#b00020;font-weight:bold}.dim{color:#777}",
            "</style></head><body>",
-           f"<h1>loadertop fleet: {len(report['jobs'])} jobs on {len(report['nodes'])} nodes</h1>",
+           f"<h1>loadertop fleet: {count(len(report['jobs']), 'job')} on {count(len(report['nodes']), 'node')}</h1>",
            f"<p class='dim'>{e(report['created_at'])}, from {e(report['prometheus'])}</p>"]
     if stale:
         ages = ", ".join(f"{e(n['node'])} ({n['age_s']:.0f} s)" for n in stale)
@@ -239,7 +244,7 @@ def render_html(report: dict) -> str:
         out.append(f"<h2><code>{e(job['job'])}</code>: {verdict}</h2>")
         who = (f"The job waits for rank {s['rank']} on <code>{e(s['node'])}</code> ({e(s['cause'])}): the others "
                f"wait {_pct(s['cost_fraction'])} of their loop for it.") if s else "No rank waits for another."
-        out.append(f"<p>{e(job['seen'])} on {len(job['nodes'])} nodes. {who}</p>")
+        out.append(f"<p>{e(job['seen'])} on {count(len(job['nodes']), 'node')}. {who}</p>")
         history = any(r.get("data_wait_history") for r in job["ranks"])
         out.append("<table><tr><th>rank</th><th class='l'>node</th><th>data wait</th><th>waits for other ranks</th>"
                    "<th>workers</th><th>CPU %</th>" + ("<th class='l'>data wait, last 30 min</th>" if history else "")

@@ -38,7 +38,8 @@ def _pct(x: float | None) -> str:
 BARS = "▁▂▃▄▅▆▇█"
 
 
-def sparkline(points: list[float | None] | None, width: int = 30) -> str:
+
+def sparkline(points: list[float | None] | None, width: int = 20) -> str:
     """A rank's data wait over the last half hour (0 to 100 %), newest on the right."""
     if not points:
         return ""
@@ -106,7 +107,8 @@ class FleetApp(App):
         t.append(" loadertop fleet ", style="bold reverse")
         report = self.report
         if report is not None:
-            t.append(f"  {len(report['jobs'])} jobs on {len(report['nodes'])} nodes  {self.prometheus.url}  "
+            t.append(f"  {fleet.count(len(report['jobs']), 'job')} on {fleet.count(len(report['nodes']), 'node')}  "
+                     f"{self.prometheus.url}  "
                      f"read {report['created_at']}")
         if self.error:
             t.append("\n n/a: " + self.error, style="bold red")
@@ -162,16 +164,16 @@ class FleetApp(App):
         t = Text()
         t.append(f" {job['job']}: ", style="bold")
         t.append(job["verdict"], style="bold reverse red" if job["straggler"] else "bold")
-        t.append(f"  {job['seen']} on {len(job['nodes'])} nodes\n")
-        head = f" {'RANK':>5} {'NODE':<20} {'DATA WAIT':>9} {'WAITS FOR RANKS':>15} {'WORKERS':>7} {'CPU%':>6}"
-        t.append(head + f"  {'DATA WAIT, LAST 30 MIN':<30}  VERDICT\n", style="bold")
+        t.append(f"  {job['seen']} on {fleet.count(len(job['nodes']), 'node')}\n")
+        head = f" {'RANK':>5} {'NODE':<16} {'DATA WAIT':>9} {'WAITS FOR RANKS':>15} {'WORKERS':>7} {'CPU%':>5}"
+        t.append(head + f"  {'WAIT, 30 MIN':<20}  VERDICT\n", style="bold")
         for r in job["ranks"]:
             rank = "-" if r["rank"] is None else str(r["rank"])
             cpu = "n/a" if r["cpu_percent"] is None else f"{r['cpu_percent']:.0f}"
             workers = "n/a" if r["workers"] is None else str(r["workers"])
-            t.append(f" {rank:>5} {r['node'][:20]:<20} {_pct(r['data_wait_fraction']):>9} "
-                     f"{_pct(r['wait_for_ranks_fraction']):>15} {workers:>7} {cpu:>6}  ")
-            t.append(f"{sparkline(history.get((r['node'], r['rank']))):<30}", style="cyan")
+            t.append(f" {rank:>5} {r['node'][:16]:<16} {_pct(r['data_wait_fraction']):>9} "
+                     f"{_pct(r['wait_for_ranks_fraction']):>15} {workers:>7} {cpu:>5}  ")
+            t.append(f"{sparkline(history.get((r['node'], r['rank']))):<20}", style="cyan")
             t.append(f"  {r['verdict']}")
             if r["findings"]:
                 t.append(f"  [{', '.join(r['findings'])}]", style="dim")
