@@ -343,9 +343,10 @@ def batch_bytes(m: Measured) -> float | None:
 
 
 def batches_held(num_workers: int, prefetch_factor: int) -> int:
-    """Batches in /dev/shm at once: each worker's prefetch_factor in flight, and the one the
-    loop is training on (its tensors stay mapped until the next batch replaces them)."""
-    return num_workers * prefetch_factor + 1
+    """Batches in /dev/shm at once, at worst: each worker's prefetch_factor in flight, the one
+    the loop trains on, and the next it receives while it still holds that one (`for batch in
+    loader` replaces the old batch only once next() has returned the new one)."""
+    return num_workers * prefetch_factor + 2
 
 
 def fits(m: Measured, s: Setting, batch: float | None) -> str | None:
