@@ -255,3 +255,17 @@ async def test_the_header_never_says_no_change_over_a_finding_without_one(story_
         findings = [f for f in app.findings if f.severity != "info"]
         assert findings and "no change to make" not in lines[2], lines
         assert lines[2].startswith((" → ", " no setting to change: ")), lines
+
+
+def test_a_gap_within_py_spys_sampling_error_names_no_straggler():
+    # A full run caught it: two balanced DDP ranks on 2 CPUs, ~100 py-spy samples each, whose
+    # backward shares differed by 19 points by chance: rank 0 was named the slow step. The
+    # same gap read exactly (no sampling) still names it; a gap beyond the error names it.
+    def ranks(sync0: float, sync1: float, samples: int) -> list[RankFigures]:
+        return [RankFigures(0, "n", 1, 0.05, sync_frames=sync0, samples=samples),
+                RankFigures(1, "n", 2, 0.05, sync_frames=sync1, samples=samples)]
+
+    assert attribute(ranks(0.25, 0.44, 100)).straggler is None
+    assert attribute(ranks(0.25, 0.44, 0)).straggler.rank == 0  # exact figures: the gap is real
+    slow = attribute(ranks(0.05, 0.60, 100))
+    assert slow.straggler.rank == 0 and slow.straggler.cause == "step" and slow.waiting == (1,)

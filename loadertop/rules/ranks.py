@@ -21,6 +21,7 @@ loader is behind; otherwise the job is balanced and each rank's verdict is its o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import median
@@ -45,6 +46,7 @@ class RankFigures:
     sync_blocked: float | None = None  # share blocked outside next(): not on a CPU nor queued (/proc)
     steps_per_s: float | None = None
     world_size: int | None = None
+    samples: int = 0  # py-spy's samples behind sync_frames (0: not sampled, no sampling error)
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,13 @@ def attribute(ranks: Sequence[RankFigures]) -> Attribution:
     method, syncs = _sync_method(ranks)
     floor = min(syncs.values(), default=0.0)
     waits = {rank: max(0.0, s - floor) for rank, s in syncs.items()}
+    # A wait counts past RANK_WAIT and, for py-spy's frame shares, past their sampling error:
+    # two balanced ranks sampled ~100 times each differ by 10-15 points by chance.
+    lowest = min(ranks, key=lambda r: syncs.get(r.rank, 0.0)) if syncs else None
+
+    def waits_for(r: RankFigures) -> bool:
+        margin = _sampling_error(r, lowest, syncs) if method == "frames" and lowest is not None else 0.0
+        return waits.get(r.rank, 0.0) >= T.RANK_WAIT + margin
     waits_t = tuple(sorted(waits.items()))
     waited = [r for r in ranks if r.data_wait is not None]
     if len(waited) >= 2:
@@ -100,19 +109,27 @@ def attribute(ranks: Sequence[RankFigures]) -> Attribution:
             # lockstep (no gradient sync) has no one waiting.
             waiting = tuple(r.rank for r in waited if r is not slowest
                             and (r.data_wait or 0.0) <= (slowest.data_wait or 0.0) - T.RANK_GAP
-                            and waits.get(r.rank, 0.0) >= T.RANK_WAIT)
+                            and waits_for(r))
             if waiting:
                 cost = median(waits[r] for r in waiting)
                 return Attribution(ranks, _straggler(slowest, "input"), waiting, waits_t, cost, method)
     if waits:
         fastest_sync = min(ranks, key=lambda r: syncs[r.rank])
-        waiting = tuple(r.rank for r in ranks if r is not fastest_sync and waits[r.rank] >= T.RANK_WAIT)
+        waiting = tuple(r.rank for r in ranks if r is not fastest_sync and waits_for(r))
         behind = fastest_sync.data_wait is not None and fastest_sync.data_wait >= T.DATA_WAIT_CRITICAL
         # Most of the others wait for it (one slow rank among many, not one fast one).
         if waiting and 2 * len(waiting) >= len(ranks) - 1 and not behind:
             cost = median(waits[r] for r in waiting)
             return Attribution(ranks, _straggler(fastest_sync, "step"), waiting, waits_t, cost, method)
     return Attribution(ranks, None, (), waits_t, None, method)
+
+
+def _sampling_error(r: RankFigures, lowest: RankFigures, syncs: dict[int, float]) -> float:
+    """Two standard errors of the difference of two ranks' sampled frame shares."""
+    if r.samples <= 0 or lowest.samples <= 0:
+        return 0.0
+    p, q = syncs.get(r.rank, 0.0), syncs.get(lowest.rank, 0.0)
+    return T.NOISE_Z * math.sqrt(p * (1 - p) / r.samples + q * (1 - q) / lowest.samples)
 
 
 def _straggler(r: RankFigures, cause: StragglerCause) -> Straggler:
@@ -154,7 +171,8 @@ def rank_figures(snap: Snapshot, trainer: TrainerSnapshot, recent: Sequence[Snap
         in_next = wait - (dw.main_process_fraction or 0.0) if dw is not None else wait
         blocked = max(0.0, 1.0 - cpu - (queued or 0.0) - max(0.0, in_next))
     return RankFigures(trainer.rank, snap.host.hostname, trainer.pid, wait, frames, blocked,
-                       dw.steps_per_s if dw is not None else None, trainer.world_size)
+                       dw.steps_per_s if dw is not None else None, trainer.world_size,
+                       samples=dw.samples if frames is not None and dw is not None else 0)
 
 
 def jobs_of(snap: Snapshot) -> dict[str, list[TrainerSnapshot]]:
