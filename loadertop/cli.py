@@ -529,7 +529,8 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     text = json.dumps(report, indent=2) + "\n"
     if args.output:
         kind = args.output.lower().rsplit(".", 1)[-1]
-        write_file(args.output, {"json": text, "md": fleet.render_md(report), "html": fleet.render_html(report)}[kind])
+        render = {"json": lambda _: text, "md": fleet.render_md, "html": fleet.render_html}[kind]
+        write_file(args.output, render(report))
         print(f"loadertop: fleet report written to {args.output}", file=sys.stderr)
     if args.json:
         sys.stdout.write(text)

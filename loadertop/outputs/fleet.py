@@ -89,7 +89,9 @@ def read(prom: Prometheus, now: float | None = None, job: str | None = None) -> 
             "namespace": pods.get(key, (None, None))[0], "pod": pods.get(key, (None, None))[1],
         })
     if job is not None:
-        _with_history(prom, job, jobs.get(job, []), now)
+        ranks_history = history(prom, job, now)
+        for r in jobs.get(job, []):
+            r["data_wait_history"] = ranks_history.get((r["node"], r["rank"]))
     out = [_job(name, rows) for name, rows in jobs.items() if name]
     out.sort(key=lambda j: (j["straggler"] is None, -(j["straggler"] or {}).get("cost_fraction", 0.0) or 0.0,
                             -max((r["data_wait_fraction"] or 0.0) for r in j["ranks"])))
@@ -97,21 +99,20 @@ def read(prom: Prometheus, now: float | None = None, job: str | None = None) -> 
         timespec="seconds"), "prometheus": prom.url, "nodes": nodes, "jobs": out}
 
 
-def _with_history(prom: Prometheus, job: str, rows: list[dict], now: float) -> None:
-    """Each rank's data wait over the last HISTORY_S, HISTORY_POINTS points (None: no sample),
-    from one range query of the job's series."""
+def history(prom: Prometheus, job: str, now: float | None = None) -> dict[tuple[str, int | None], list[float | None]]:
+    """Each rank of the job (by node and rank): its data wait over the last HISTORY_S,
+    HISTORY_POINTS points (None: no sample), from one range query of the job's series."""
+    now = time.time() if now is None else now
     step = HISTORY_S / HISTORY_POINTS
     start = now - HISTORY_S
-    series = prom.query_range(f"loadertop_data_wait_ratio{_matcher(job)}", start, now, step)
-    by_rank: dict[tuple[str, str], list[float | None]] = {}
-    for s in series:
+    out: dict[tuple[str, int | None], list[float | None]] = {}
+    for s in prom.query_range(f"loadertop_data_wait_ratio{_matcher(job)}", start, now, step):
         points: list[float | None] = [None] * HISTORY_POINTS
         for t, v in s.points:
-            i = min(HISTORY_POINTS - 1, max(0, int((t - start) / step)))
-            points[i] = round(v, 4)
-        by_rank[(s.labels.get("node", ""), s.labels.get("rank", ""))] = points
-    for r in rows:
-        r["data_wait_history"] = by_rank.get((r["node"], "" if r["rank"] is None else str(r["rank"])))
+            points[min(HISTORY_POINTS - 1, max(0, int((t - start) / step)))] = round(v, 4)
+        rank = s.labels.get("rank", "")
+        out[(s.labels.get("node", ""), int(rank) if rank.isdigit() else None)] = points
+    return out
 
 
 def count(n: int, word: str) -> str:

@@ -113,8 +113,8 @@ def attribute(ranks: Sequence[RankFigures]) -> Attribution:
             if waiting:
                 cost = median(waits[r] for r in waiting)
                 return Attribution(ranks, _straggler(slowest, "input"), waiting, waits_t, cost, method)
-    if waits:
-        fastest_sync = min(ranks, key=lambda r: syncs[r.rank])
+    if waits and lowest is not None:
+        fastest_sync = lowest  # the rank that waits least in the sync: the others wait for it
         waiting = tuple(r.rank for r in ranks if r is not fastest_sync and waits_for(r))
         behind = fastest_sync.data_wait is not None and fastest_sync.data_wait >= T.DATA_WAIT_CRITICAL
         # Most of the others wait for it (one slow rank among many, not one fast one).

@@ -25,7 +25,7 @@ class FleetRead(Message):
 
 
 class HistoryRead(Message):
-    def __init__(self, job: str, history: dict[tuple[str, object], list]) -> None:
+    def __init__(self, job: str, history: dict[tuple[str, int | None], list[float | None]]) -> None:
         super().__init__()
         self.job = job
         self.history = history
@@ -65,7 +65,7 @@ class FleetApp(App):
         self.reads = 0
         self._reading = False
         # The selected job's ranks' data wait over the last half hour, from a range query.
-        self.history: dict[str, dict[tuple[str, object], list]] = {}
+        self.history: dict[str, dict[tuple[str, int | None], list[float | None]]] = {}
 
     def compose(self) -> ComposeResult:
         yield Static(id="status")
@@ -140,12 +140,10 @@ class FleetApp(App):
 
     @work(thread=True, exclusive=True, group="history")
     def _read_history(self, job: str) -> None:
-        try:
-            report = fleet.read(self.prometheus, job=job)
+        try:  # the job's figures came with the fleet's read: only its history is read here
+            self.post_message(HistoryRead(job, fleet.history(self.prometheus, job)))
         except Exception:  # noqa: BLE001 (history is extra: the rows stay without it)
             return
-        rows: list[dict] = next((j["ranks"] for j in report["jobs"] if j["job"] == job), [])
-        self.post_message(HistoryRead(job, {(r["node"], r["rank"]): r.get("data_wait_history") or [] for r in rows}))
 
     def on_history_read(self, message: HistoryRead) -> None:
         self.history[message.job] = message.history
