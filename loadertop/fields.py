@@ -231,6 +231,10 @@ EXPORTED = (
            "(gradient sync and compute alike: compare across the ranks of a job)", "rank", lambda r: r.sync_frames),
     Metric("loadertop_sync_blocked_ratio", "share of the training loop blocked outside next(), neither on a CPU nor "
            "queued for one (/proc; compare across the ranks of a job)", "rank", lambda r: r.sync_blocked),
+    Metric("loadertop_sync_frames_stderr_ratio", "standard error of loadertop_sync_frames_ratio (py-spy's "
+           "sampling error): a gap between two ranks within twice it is noise", "rank", lambda r: r.frames_error),
+    Metric("loadertop_sync_blocked_stderr_ratio", "standard error of loadertop_sync_blocked_ratio (its spread "
+           "from tick to tick): a gap between two ranks within twice it is noise", "rank", lambda r: r.blocked_error),
     Metric("loadertop_wait_for_ranks_ratio", "share of the training loop this rank waits for the other ranks of "
            "its job seen on this node (its sync above the lowest rank's)", "rank", lambda r: r.wait_for_ranks),
     Metric("loadertop_steps_per_second", "batches the training loop takes per second (the hook)", "trainer",

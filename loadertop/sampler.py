@@ -292,7 +292,7 @@ class Sampler:
         pid = st.pid
         live.add(state.key)
         self._refresh_limits(state, now)
-        main = self.processes.sample(st, now)
+        main = self.processes.sample(st, now, main_thread=True)
         # Workers: live ones in start order; zombies are dead, reported once as exited.
         worker_stats = sorted(
             (tree.stats[w] for w in tree.workers.get(pid, ())), key=lambda s: (s.start_ticks, s.pid)

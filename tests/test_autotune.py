@@ -338,16 +338,25 @@ def lockstep(tuners, loaders, epochs, own, batches=60):
 
 @pytest.fixture
 def quiet_host(monkeypatch):
-    """The CPUs a tuner plans with, fixed: 8 of its own, nothing else running (the suite's
-    own load on this machine must not decide what a synthetic job's tuner does)."""
+    """The CPUs a tuner plans with, fixed: 8 of its own, nothing else running, and no thread
+    of the test's own process read as the loop's (the suite's own load on this machine, and
+    this process's threads queued for a CPU over the few real milliseconds a synthetic epoch
+    lasts, must not decide what a synthetic job's tuner does)."""
+    import time
+
     from loadertop.autotune import readings
     from loadertop.rules.measure import CpuBudget
+
+    def read(self, worker_pids):
+        idle = readings.Threads({self.pid: 0}, {self.pid: 0})  # its main thread, never on a CPU nor queued
+        return readings.Reading(at=time.monotonic(), main=idle, workers={}, cpus={}, throttling=None, shm=None)
 
     def budget(self, first, last, used):
         return CpuBudget(cpus=8.0, cpu_set=8, quota=None, shared_with=0, others_busy=0.0, used=used, throttled=None,
                          limit="cpus")
 
     monkeypatch.setattr(readings.Self, "budget", budget)
+    monkeypatch.setattr(readings.Self, "read", read)
 
 
 def ranked_tuners(tmp_path, n=2):

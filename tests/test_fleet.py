@@ -292,3 +292,21 @@ async def test_the_fleet_view_lists_the_jobs_and_the_selected_jobs_ranks_and_kee
         app.post_message(FleetRead(None, "cannot reach Prometheus at http://x (refused)"))
         await pilot.pause(0.2)
         assert table.row_count == 1 and "n/a: cannot reach" in str(app.query_one("#status").render())
+
+
+@pytest.mark.unit
+def test_the_fleet_weighs_a_ranks_gap_against_the_noise_its_agent_exported():
+    # Two balanced ranks whose blocked shares differ by 18 points, each within an exported
+    # standard error of 7: no straggler. The same gap read exactly names rank 1's step.
+    from loadertop.outputs.fleet import _job
+
+    def rows(stderr: float | None) -> list[dict]:
+        return [{"rank": r, "node": f"node-{r}", "stale": False, "data_wait_fraction": 0.05,
+                 "sync_frames_fraction": None, "sync_blocked_fraction": blocked, "sync_frames_stderr": None,
+                 "sync_blocked_stderr": stderr, "steps_per_s": 20.0, "world_size": 2, "workers": 2,
+                 "cpu_percent": 150.0, "findings": [], "namespace": None, "pod": None}
+                for r, blocked in ((0, 0.40), (1, 0.22))]
+
+    assert _job("run:a", rows(0.07))["straggler"] is None
+    exact = _job("run:a", rows(None))
+    assert exact["straggler"]["rank"] == 1 and exact["straggler"]["cause"] == "step"

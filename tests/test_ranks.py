@@ -5,6 +5,7 @@ Real torchrun jobs: tests/test_ranks_live.py."""
 from __future__ import annotations
 
 import json
+import math
 from importlib.resources import files
 
 import jsonschema
@@ -262,10 +263,46 @@ def test_a_gap_within_py_spys_sampling_error_names_no_straggler():
     # backward shares differed by 19 points by chance: rank 0 was named the slow step. The
     # same gap read exactly (no sampling) still names it; a gap beyond the error names it.
     def ranks(sync0: float, sync1: float, samples: int) -> list[RankFigures]:
-        return [RankFigures(0, "n", 1, 0.05, sync_frames=sync0, samples=samples),
-                RankFigures(1, "n", 2, 0.05, sync_frames=sync1, samples=samples)]
+        def error(p: float) -> float:
+            return math.sqrt(p * (1 - p) / samples) if samples else 0.0
+        return [RankFigures(0, "n", 1, 0.05, sync_frames=sync0, frames_error=error(sync0)),
+                RankFigures(1, "n", 2, 0.05, sync_frames=sync1, frames_error=error(sync1))]
 
     assert attribute(ranks(0.25, 0.44, 100)).straggler is None
     assert attribute(ranks(0.25, 0.44, 0)).straggler.rank == 0  # exact figures: the gap is real
     slow = attribute(ranks(0.05, 0.60, 100))
     assert slow.straggler.rank == 0 and slow.straggler.cause == "step" and slow.waiting == (1,)
+
+
+def test_a_blocked_gap_within_its_tick_to_tick_spread_names_no_straggler():
+    # The full run's flake: two balanced ranks under the hook on 2 CPUs, whose main threads
+    # got the CPU unevenly tick by tick; the window's mean blocked shares were 15+ points apart
+    # by chance and rank 1 was named the slow step. The same mean gap held steadily is real.
+    def story_of(swing: float):
+        def make(t: int):
+            cpu0 = 0.6 + (swing if t % 2 else -swing)
+            return snapshot(t, [rank(0, 0.1, 0.0, cpu=cpu0, source="hook"),
+                                rank(1, 0.1, 0.0, cpu=0.8, source="hook")], host(cpu=40.0))
+        return story(20, make)
+
+    def compared(history):
+        from loadertop.rules.ranks import attributions
+
+        (att,) = attributions(history[-1], history).values()
+        return att
+
+    steady = compared(story_of(0.0))
+    assert steady.method == "blocked" and steady.straggler.rank == 1 and steady.waiting == (0,)
+    assert steady.ranks[0].blocked_error == 0.0
+    noisy = compared(story_of(0.35))
+    assert noisy.ranks[0].blocked_error > 0.05 and noisy.wait_of(0) >= T.RANK_WAIT  # past the bar, within the noise
+    assert noisy.straggler is None
+
+
+def test_a_rank_needs_a_few_ticks_of_its_main_thread_to_be_compared_by_what_it_blocked():
+    history = story(2, lambda t: snapshot(t, [rank(0, 0.1, 0.0, cpu=0.3, source="hook"),
+                                              rank(1, 0.1, 0.0, cpu=0.9, source="hook")], host(cpu=40.0)))
+    from loadertop.rules.ranks import attributions
+
+    (att,) = attributions(history[-1], history).values()
+    assert att.method is None and att.straggler is None

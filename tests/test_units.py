@@ -130,6 +130,38 @@ def test_busy_threads_come_from_a_second_reading_of_the_threads_alone():
         busy.wait()
 
 
+def test_a_trainers_main_thread_is_read_every_tick_on_a_cpu_and_sleeping():
+    # The ranks of a job are compared by their main threads tick by tick: a loop that spins
+    # reads ~1 CPU, one that sleeps ~0, each from the tick before, with no slow reading.
+    import subprocess
+    import time
+
+    from loadertop.probes.processes import ProcessSampler
+
+    spin = subprocess.Popen(["python3", "-c", "while True: pass"])
+    sleep = subprocess.Popen(["python3", "-c", "import time; time.sleep(60)"])
+    sampler = ProcessSampler(slow_interval_s=3600.0)
+    try:
+        def read(p):
+            return sampler.sample(procfs.read_stat(p.pid), time.monotonic(), main_thread=True)
+        deadline = time.monotonic() + 20
+        while procfs.read_stat(sleep.pid).state != "S":  # past its start-up, asleep
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert read(spin).main_thread_cpu is None  # one reading tells no rate
+        read(sleep)
+        time.sleep(0.5)
+        spinning, sleeping = read(spin), read(sleep)
+        assert spinning.main_thread_cpu > 0.5 and spinning.main_thread_runqueue_s_per_s is not None
+        assert sleeping.main_thread_cpu < 0.1
+        # A worker (main_thread=False) waits for the slow cadence's thread readings.
+        assert sampler.sample(procfs.read_stat(spin.pid), time.monotonic()).main_thread_cpu is None
+    finally:
+        for p in (spin, sleep):
+            p.kill()
+            p.wait()
+
+
 @pytest.mark.unit
 def test_the_markdown_report_says_the_verdict_and_the_change_first_and_stays_short():
     # What gets pasted into an issue: one trainer with 8 workers fits in 60 lines, and the

@@ -54,6 +54,8 @@ class RankView:
     sync_frames: float | None
     sync_blocked: float | None
     wait_for_ranks: float | None
+    frames_error: float | None = None
+    blocked_error: float | None = None
 
 
 def rank_views(snap: Snapshot, recent) -> dict[int, RankView]:
@@ -68,7 +70,9 @@ def rank_views(snap: Snapshot, recent) -> dict[int, RankView]:
         if figures is None:
             continue
         out[t.pid] = RankView(figures.sync_frames, figures.sync_blocked,
-                              job.wait_of(figures.rank) if job is not None else None)
+                              job.wait_of(figures.rank) if job is not None else None,
+                              figures.frames_error if figures.sync_frames is not None else None,
+                              figures.blocked_error if figures.sync_blocked is not None else None)
     return out
 
 

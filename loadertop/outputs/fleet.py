@@ -30,6 +30,8 @@ FIGURES = {
     "data_wait": "loadertop_data_wait_ratio",
     "sync_frames": "loadertop_sync_frames_ratio",
     "sync_blocked": "loadertop_sync_blocked_ratio",
+    "frames_error": "loadertop_sync_frames_stderr_ratio",
+    "blocked_error": "loadertop_sync_blocked_stderr_ratio",
     "wait_for_ranks": "loadertop_wait_for_ranks_ratio",
     "steps_per_s": "loadertop_steps_per_second",
     "workers": "loadertop_workers",
@@ -83,6 +85,7 @@ def read(prom: Prometheus, now: float | None = None, job: str | None = None) -> 
             "rank": int(rank) if rank.isdigit() else None, "node": node,
             "data_wait_fraction": _r(row.get("data_wait")), "sync_frames_fraction": _r(row.get("sync_frames")),
             "sync_blocked_fraction": _r(row.get("sync_blocked")), "steps_per_s": _r(row.get("steps_per_s")),
+            "sync_frames_stderr": _r(row.get("frames_error")), "sync_blocked_stderr": _r(row.get("blocked_error")),
             "workers": int(row["workers"]) if "workers" in row else None, "cpu_percent": _r(cpu.get(key)),
             "findings": sorted(findings.get(key, [])), "stale": node in stale,
             "world_size": int(sizes[key]) if sizes.get(key, "").isdigit() else None,
@@ -135,7 +138,9 @@ def _job(name: str, rows: list[dict]) -> dict:
     rows.sort(key=lambda r: (r["rank"] is None, r["rank"] or 0, r["node"]))
     live = [r for r in rows if not r["stale"] and r["rank"] is not None]
     figures = [RankFigures(r["rank"], r["node"], None, r["data_wait_fraction"], r["sync_frames_fraction"],
-                           r["sync_blocked_fraction"], r["steps_per_s"], r["world_size"]) for r in live]
+                           r["sync_blocked_fraction"], r["steps_per_s"], r["world_size"],
+                           frames_error=r.get("sync_frames_stderr") or 0.0,
+                           blocked_error=r.get("sync_blocked_stderr") or 0.0) for r in live]
     att = attribute(figures)
     waits = dict(att.waits)
     for r in rows:

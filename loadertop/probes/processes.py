@@ -85,6 +85,7 @@ class ProcessSampler:
         self.slow_budget_s = slow_budget_s
         self._prev: dict[Key, tuple[float, int, int, int]] = {}
         self._slow: dict[Key, _Slow] = {}
+        self._main_prev: dict[Key, tuple[float, int, int]] = {}  # (when, on-CPU ns, queued ns)
         self._credit = 0.0
         self.denied_memory: set[int] = set()  # pids whose smaps we may not read
         # Per pid, its Python threads besides the main one (from py-spy dumps): a worker's
@@ -94,7 +95,9 @@ class ProcessSampler:
         self.files = procfs.ProcFiles()  # every process's status, open between ticks
 
     def sample(self, st: procfs.Stat, now: float, worker_id: int | None = None,
-               found_by: str | None = None) -> ProcessSample:
+               found_by: str | None = None, main_thread: bool = False) -> ProcessSample:
+        """`main_thread`: read the main thread's CPU and queueing every tick (a trainer's: the
+        ranks of a job are compared by them over a window, with their tick-to-tick spread)."""
         key = key_of(st)
         ctx = None
         if st.state != "Z":
@@ -114,6 +117,10 @@ class ProcessSampler:
         slow = self._slow.get(key)
         memory = slow.memory if slow else None
         alive = st.state != "Z"
+        main_cpu = slow.main_thread_cpu if slow else None
+        main_queued = slow.main_thread_runqueue if slow else None
+        if main_thread and alive:
+            main_cpu, main_queued = self._main_thread(key, st.pid, now)
         return _frozen_sample({
             "pid": st.pid,
             "started_at": st.started_at,
@@ -134,9 +141,23 @@ class ProcessSampler:
             "thread_pools": slow.thread_pools if slow else (),
             "read_bytes_per_s": slow.read_bytes_per_s if slow else None,
             "found_by": found_by,
-            "main_thread_cpu": slow.main_thread_cpu if slow else None,
-            "main_thread_runqueue_s_per_s": slow.main_thread_runqueue if slow else None,
+            "main_thread_cpu": main_cpu,
+            "main_thread_runqueue_s_per_s": main_queued,
         })
+
+    def _main_thread(self, key: Key, pid: int, now: float) -> tuple[float | None, float | None]:
+        """The main thread's share of a CPU and its queueing (s/s) since the last tick."""
+        times = procfs.read_main_thread_times(pid, self.files)
+        prev = self._main_prev.get(key)
+        if times is None:
+            self._main_prev.pop(key, None)
+            return None, None
+        self._main_prev[key] = (now, *times)
+        if prev is None or now <= prev[0]:
+            return None, None
+        dt = now - prev[0]
+        return (min(1.0, max(0.0, (times[0] - prev[1]) / 1e9 / dt)),
+                max(0.0, (times[1] - prev[2]) / 1e9 / dt))
 
     def refresh_slow(self, stats: list[procfs.Stat], now: float, complete: bool = False) -> None:
         """Refresh the stalest processes' smaps, maps and threads within the time budget
@@ -249,7 +270,7 @@ class ProcessSampler:
 
     def forget(self, live: set[Key]) -> None:
         """Drop the state of processes no longer seen, so memory stays flat under churn."""
-        for table in (self._prev, self._slow):
+        for table in (self._prev, self._slow, self._main_prev):
             for key in [k for k in table if k not in live]:
                 del table[key]
         self.denied_memory &= {k[0] for k in live}

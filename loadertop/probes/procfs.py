@@ -424,6 +424,21 @@ class ThreadSample:
     runqueue_wait_ns: int | None
 
 
+def read_main_thread_times(pid: int, files: ProcFiles | None = None) -> tuple[int, int] | None:
+    """The main thread's time on a CPU and time queued for one, in ns (its schedstat): read
+    every tick for a trainer, where the slow cadence's thread readings come too seldom to
+    compare ranks. None where unreadable (no schedstat, gone, or not ours)."""
+    try:
+        raw = _read_with(files, f"{PROC}/{pid}/task/{pid}/schedstat")
+    except PermissionError:
+        return None
+    parts = (raw or b"").split()
+    try:
+        return (int(parts[0]), int(parts[1])) if len(parts) >= 2 else None
+    except ValueError:
+        return None
+
+
 def read_threads(pid: int) -> list[ThreadSample] | None:
     tids = task_ids(pid)
     if not tids:

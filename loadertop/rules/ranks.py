@@ -24,11 +24,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from statistics import median
+from statistics import fmean, median, stdev
 from typing import Literal
 
 from ..model import Snapshot, TrainerSnapshot
-from ..numbers import mean_of
 from . import thresholds as T
 
 StragglerCause = Literal["input", "step"]
@@ -46,7 +45,10 @@ class RankFigures:
     sync_blocked: float | None = None  # share blocked outside next(): not on a CPU nor queued (/proc)
     steps_per_s: float | None = None
     world_size: int | None = None
-    samples: int = 0  # py-spy's samples behind sync_frames (0: not sampled, no sampling error)
+    # Standard errors of the two sync shares (0: unknown): py-spy's binomial sampling error,
+    # and the spread of the blocked share from tick to tick over the window.
+    frames_error: float = 0.0
+    blocked_error: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -91,12 +93,13 @@ def attribute(ranks: Sequence[RankFigures]) -> Attribution:
     method, syncs = _sync_method(ranks)
     floor = min(syncs.values(), default=0.0)
     waits = {rank: max(0.0, s - floor) for rank, s in syncs.items()}
-    # A wait counts past RANK_WAIT and, for py-spy's frame shares, past their sampling error:
-    # two balanced ranks sampled ~100 times each differ by 10-15 points by chance.
+    # A wait counts past RANK_WAIT and past the noise of the two shares it compares: two
+    # balanced ranks sampled ~100 times each by py-spy differ by 10-15 points by chance, and
+    # on a crowded host their blocked shares swing as much while one is descheduled.
     lowest = min(ranks, key=lambda r: syncs.get(r.rank, 0.0)) if syncs else None
 
     def waits_for(r: RankFigures) -> bool:
-        margin = _sampling_error(r, lowest, syncs) if method == "frames" and lowest is not None else 0.0
+        margin = _noise(r, lowest, method) if lowest is not None else 0.0
         return waits.get(r.rank, 0.0) >= T.RANK_WAIT + margin
     waits_t = tuple(sorted(waits.items()))
     waited = [r for r in ranks if r.data_wait is not None]
@@ -124,12 +127,11 @@ def attribute(ranks: Sequence[RankFigures]) -> Attribution:
     return Attribution(ranks, None, (), waits_t, None, method)
 
 
-def _sampling_error(r: RankFigures, lowest: RankFigures, syncs: dict[int, float]) -> float:
-    """Two standard errors of the difference of two ranks' sampled frame shares."""
-    if r.samples <= 0 or lowest.samples <= 0:
-        return 0.0
-    p, q = syncs.get(r.rank, 0.0), syncs.get(lowest.rank, 0.0)
-    return T.NOISE_Z * math.sqrt(p * (1 - p) / r.samples + q * (1 - q) / lowest.samples)
+def _noise(r: RankFigures, lowest: RankFigures, method: Literal["frames", "blocked"] | None) -> float:
+    """Two standard errors of the difference of two ranks' sync shares."""
+    def error(x: RankFigures) -> float:
+        return x.frames_error if method == "frames" else x.blocked_error if method == "blocked" else 0.0
+    return T.NOISE_Z * math.hypot(error(r), error(lowest))
 
 
 def _straggler(r: RankFigures, cause: StragglerCause) -> Straggler:
@@ -155,24 +157,30 @@ def rank_figures(snap: Snapshot, trainer: TrainerSnapshot, recent: Sequence[Snap
     dw = trainer.data_wait
     wait = dw.fraction if dw is not None else None
     frames = None
+    frames_error = 0.0
     if dw is not None and dw.source == "py-spy" and dw.samples >= T.MIN_STACK_SAMPLES:
         parts = dict(dw.breakdown)
         frames = parts.get("backward", 0.0) + parts.get("device_sync", 0.0)
+        frames_error = math.sqrt(frames * (1 - frames) / dw.samples)
     window = dw.window_s if dw is not None else T.WINDOW_MIN_S
     span = max(T.WINDOW_MIN_S, min(T.WINDOW_MAX_S, window))
     key = (trainer.pid, trainer.started_at)
     own = [t for s in recent if s.monotonic >= snap.monotonic - span for t in s.trainers
            if (t.pid, t.started_at) == key]
-    cpu = mean_of(t.main.main_thread_cpu for t in own)
-    queued = mean_of(t.main.main_thread_runqueue_s_per_s for t in own)
-    blocked = None
-    if cpu is not None and wait is not None:
+    blocked, blocked_error = None, 0.0
+    # The main thread's time on a CPU and queued for one, tick by tick (each tick's figures
+    # are rates since the one before): a few ticks at least, for their spread.
+    ticks = [(t.main.main_thread_cpu, t.main.main_thread_runqueue_s_per_s or 0.0) for t in own
+             if t.main.main_thread_cpu is not None]
+    if len(ticks) >= T.MIN_RANK_TICKS and wait is not None:
         # What of next() is blocked (the rest is the loop's own loading work, on a CPU).
-        in_next = wait - (dw.main_process_fraction or 0.0) if dw is not None else wait
-        blocked = max(0.0, 1.0 - cpu - (queued or 0.0) - max(0.0, in_next))
+        in_next = max(0.0, wait - (dw.main_process_fraction or 0.0) if dw is not None else wait)
+        shares = [1.0 - cpu - queued - in_next for cpu, queued in ticks]
+        blocked = max(0.0, fmean(shares))
+        blocked_error = stdev(shares) / math.sqrt(len(shares))
     return RankFigures(trainer.rank, snap.host.hostname, trainer.pid, wait, frames, blocked,
                        dw.steps_per_s if dw is not None else None, trainer.world_size,
-                       samples=dw.samples if frames is not None and dw is not None else 0)
+                       frames_error=frames_error, blocked_error=blocked_error)
 
 
 def jobs_of(snap: Snapshot) -> dict[str, list[TrainerSnapshot]]:

@@ -145,6 +145,9 @@ MAIN_QUEUED_SHARE = 0.03
 # this much by chance, and a straggler that costs the job less is not the first thing to fix.
 RANK_GAP = 0.15
 RANK_WAIT = 0.15
+# A rank's blocked share needs this many ticks of its main thread's figures (their spread is
+# its noise).
+MIN_RANK_TICKS = 3
 
 # Other processes keep this share of the trainer's CPUs busy: a busy host.
 BUSY_HOST_SHARE = 0.25
