@@ -14,8 +14,9 @@ from typing import NoReturn
 from . import __version__
 from .tui import LIVE_INTERVAL_S
 
-SUBCOMMANDS = ("snapshot", "demo", "record", "replay", "export", "fleet", "tune")
+SUBCOMMANDS = ("snapshot", "demo", "record", "replay", "diff", "export", "fleet", "tune")
 REPORT_FORMATS = (".json", ".md", ".html")
+MAX_REPORT_BYTES = 64 << 20  # a report of thousands of workers is a few MiB
 MONITOR_USAGE = "loadertop [PID ...] [--interval S] [--no-stacks]"
 MONITOR_DESCRIPTION = """Watch training jobs live: give the PID of a training script or of its launcher
 (torchrun, accelerate launch, a shell), and loadertop finds its ranks and DataLoader
@@ -61,6 +62,16 @@ def _int_list(text: str) -> list[int]:
 
 
 LONGEST_S = 365 * 24 * 3600.0
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text.rstrip("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a percentage: {text!r} (e.g. 10 for 10 %)") from None
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"a percentage is between 0 and 100: {text!r}")
+    return value
 
 
 def _positive(text: str) -> float:
@@ -155,6 +166,14 @@ def _parser() -> argparse.ArgumentParser:
                        "data wait over the last 30 minutes")
     fleet.add_argument("--timeout", type=_positive, default=5.0, help="seconds a query may take (5)")
     fleet.add_argument("--interval", type=_interval, default=10.0, help="seconds between reads in the live view (10)")
+
+    dif = sub.add_parser("diff", help="one job before and after a change: what changed and what it did")
+    dif.add_argument("before", metavar="BEFORE", help="a report (snapshot --json / -o .json) or a recording")
+    dif.add_argument("after", metavar="AFTER", help="the same job's, after the change")
+    dif.add_argument("--json", action="store_true", help="print the loadertop.diff/1 report as JSON")
+    dif.add_argument("-o", "--output", metavar="FILE", help="write the diff to FILE (.json, .md or .html)")
+    dif.add_argument("--fail-if-slower", type=_percent, metavar="PCT", default=None,
+                     help="exit 1 where steps/s fell by more than PCT %% and past the noise (for CI)")
 
     rep = sub.add_parser("replay", help="watch a recording in the live view")
     rep.add_argument("recording", metavar="FILE")
@@ -352,6 +371,7 @@ def _write_report(path: str, text: str) -> int:
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
+    from .outputs import summary
     from .outputs.report import build_report, to_json
     from .rules import diagnosed, thresholds
 
@@ -371,6 +391,9 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     # A short snapshot is one window of evidence: it may hold a finding for half its length.
     diagnosis = diagnosed(snapshots, hold_s=min(thresholds.HOLD_S, max(1.0, duration / 2)))
     report = build_report(snapshots, diagnosis.findings(), diagnosis.notices(), plans=diagnosis.plans)
+    if not args.recording and summary.ended(snapshots):
+        # The job ended while it was watched: what it did over the run, in the terminal too.
+        sys.stderr.write(summary.render(_report_of_snapshots(summary.while_running(snapshots)), True))
     status = 0
     if args.output:
         status = _write_report(args.output, _render(args.output, report, snapshots))
@@ -438,7 +461,31 @@ def cmd_record(args: argparse.Namespace) -> int:
         sampler.close()
         recorder.close()
     print(f"loadertop: {recorder.written} snapshots in {args.output}", file=sys.stderr)
+    if recorder.written:
+        _write_summary(args.output)
     return 0
+
+
+def _write_summary(recording: str) -> None:
+    """The run's summary, printed and written beside the recording (FILE.summary.md)."""
+    from .outputs import summary
+    from .outputs.report import write_file
+
+    try:
+        snapshots = _read_recording(recording).snapshots
+    except UsageError as e:  # the recording cannot be read back: it says why, the rest stands
+        print(f"loadertop: no summary: {e}", file=sys.stderr)
+        return
+    text = summary.render(_report_of_snapshots(summary.while_running(snapshots)), summary.ended(snapshots),
+                          recording=recording)
+    sys.stderr.write(text)
+    path = os.path.splitext(recording)[0] + ".summary.md"
+    try:
+        write_file(path, text)
+    except OSError as e:
+        print(f"loadertop: cannot write the summary {path!r}: {e.strerror}", file=sys.stderr)
+        return
+    print(f"loadertop: summary written to {path}", file=sys.stderr)
 
 
 def _every_interface(host: str) -> bool:
@@ -539,6 +586,76 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report_of(path: str) -> dict:
+    """A report file as it is, or the report of a recording (as `snapshot --from` makes it)."""
+    import json
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(MAX_REPORT_BYTES + 1)
+    except FileNotFoundError:
+        raise UsageError(f"no such file: {path}") from None
+    except IsADirectoryError:
+        raise UsageError(f"{path} is a folder: give a report or a recording") from None
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror}") from None
+    if head.lstrip()[:1] == b"{" and b'"loadertop.report/' in head[:4096]:
+        if len(head) > MAX_REPORT_BYTES:
+            raise UsageError(f"{path}: a report larger than {MAX_REPORT_BYTES >> 20} MiB is not one loadertop wrote")
+        try:
+            report = json.loads(head.decode("utf-8", errors="replace"))
+        except (json.JSONDecodeError, RecursionError) as e:
+            where = f"{e.msg} at line {e.lineno}" if isinstance(e, json.JSONDecodeError) else "nested too deep"
+            raise UsageError(f"{path}: a damaged report ({where}); write it again with "
+                             "`loadertop snapshot PID -o FILE.json`") from None
+        if not (isinstance(report, dict) and str(report.get("schema", "")).startswith("loadertop.report/")
+                and isinstance(report.get("trainers"), list)
+                and all(isinstance(t, dict) and isinstance(t.get("pid"), int) and isinstance(t.get("cmdline"), list)
+                        for t in report["trainers"])):
+            raise UsageError(f"{path}: not a loadertop report (no trainers with a pid and a command line)")
+        return report
+    return _report_of_snapshots(_read_recording(path).snapshots)
+
+
+def _report_of_snapshots(snapshots) -> dict:
+    """The report of recorded snapshots, as `snapshot --from` makes it."""
+    from .outputs.report import build_report
+    from .rules import diagnosed, thresholds
+
+    duration = snapshots[-1].monotonic - snapshots[0].monotonic
+    diagnosis = diagnosed(snapshots, hold_s=min(thresholds.HOLD_S, max(1.0, duration / 2)))
+    return build_report(snapshots, diagnosis.findings(), diagnosis.notices(), plans=diagnosis.plans)
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    import json
+
+    from .outputs import diff
+
+    if args.output:
+        _check_output(args.output)
+    before, after = _report_of(args.before), _report_of(args.after)
+    try:
+        report = diff.diff(before, after, names=(os.path.basename(args.before), os.path.basename(args.after)))
+        fell = diff.slower(report, args.fail_if_slower) if args.fail_if_slower is not None else []
+    except (diff.NotComparable, KeyError, TypeError) as e:
+        why = str(e) if isinstance(e, diff.NotComparable) else f"a report lacks what diff reads ({e!r})"
+        raise UsageError(why) from None
+    text = json.dumps(report, indent=2) + "\n"
+    status = 0
+    if args.output:
+        kind = args.output.lower().rsplit(".", 1)[-1]
+        render = {"json": lambda _: text, "md": diff.render_md, "html": diff.render_html}[kind]
+        status = _write_report(args.output, render(report))
+    if args.json:
+        sys.stdout.write(text)
+    elif not args.output:
+        sys.stdout.write(diff.render_text(report))
+    for line in fell:
+        print(f"loadertop: {line}", file=sys.stderr)
+    return 1 if fell else status
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     from .tui.source import ScriptedSource
 
@@ -611,6 +728,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return cmd_tune(args)
             if args.command == "fleet":
                 return cmd_fleet(args)
+            if args.command == "diff":
+                return cmd_diff(args)
         if argv and not argv[0].startswith("-") and not argv[0].isdigit():
             raise UsageError(f"unknown command {argv[0]!r}: use a PID, or one of {', '.join(SUBCOMMANDS)}")
         return cmd_monitor(_monitor_parser().parse_args(argv))

@@ -180,6 +180,12 @@ class DataWait:
     # The framework whose loop fetches the batches, where frames or the hook show it: the
     # settings are written in its terms.
     loop: Loop | None = None
+    # The hook's running totals (the loop's busiest loader's batches, every loader's seconds in
+    # next()): their change from tick to tick is each tick's own steps/s and data wait.
+    batches_total: int | None = None
+    waited_total_s: float | None = None
+    # Read from py-spy's short first look at the trainer alone: provisional until a full window.
+    first_look: bool = False
 
     def __post_init__(self) -> None:
         _clean(self, "loop")

@@ -235,7 +235,8 @@ class Sampler:
                 job.pid, job.start_ticks, [t.pid for t in job.trainers.values() if not t.exited], mono
             )
         )
-        if tree.root is None:
+        if tree.root is None or tree.root.state == "Z":
+            # Gone, or a zombie its parent has not reaped yet: either way the job ended.
             job.exited = True
             board.add(job_status_notice(job.pid))
         confirmed = [state.key for state in job.trainers.values() if state.confirmed]

@@ -64,6 +64,23 @@ def verdict(trainer: TrainerSnapshot | None, findings: list[Finding]) -> tuple[s
     return undecided(wait) or ("HEALTHY", "green")
 
 
+def first_answer(trainer: TrainerSnapshot | None, findings: list[Finding],
+                 pending: list[Finding]) -> tuple[str, str, bool]:
+    """(text, colour, provisional) for one trainer in the live view: its verdict, and before its
+    findings have held, what the pending ones say, marked provisional; a verdict read from
+    py-spy's short first look alone is provisional too, until a full window confirms it."""
+    word, colour = verdict(trainer, findings)
+    dw = trainer.data_wait if trainer is not None else None
+    provisional = dw is not None and dw.first_look
+    mine = [f for f in findings if trainer is None or f.trainer_pid in (None, trainer.pid)]
+    waiting = [f for f in pending if trainer is None or f.trainer_pid in (None, trainer.pid)]
+    if waiting and _word({f.id for f in mine}, mine, None) is None:
+        found = _word({f.id for f in waiting}, waiting, dw.fraction if dw else None)
+        if found is not None:
+            return (*found, True)
+    return word, colour, provisional and word != "WATCHING"
+
+
 def verdict_of_report(report: dict) -> str:
     # A job of many ranks is judged as a job: its straggler, or its ranks' common verdict.
     jobs = [j for j in report.get("jobs", ()) if isinstance(j, dict) and j.get("ranks_seen", 0) >= 2]

@@ -21,6 +21,7 @@ from ..rules import diagnose_with_plans
 from ..rules.plan import Plan
 from ..rules.ranks import Attribution, attributions
 from ..verdict import job_verdict, verdict
+from .figures import run_figures
 
 SCHEMA = "loadertop.report/2"
 
@@ -142,6 +143,9 @@ def _trainer(last: TrainerSnapshot, snaps: Sequence[Snapshot], plan: Plan | None
                 "num_workers": loader.num_workers,
                 "persistent_workers": loader.persistent_workers,
                 "worker_pids": list(loader.worker_pids),
+                **({"prefetch_factor": loader.prefetch_factor} if loader.prefetch_factor is not None else {}),
+                **({"batch_size": loader.batch_size} if loader.batch_size is not None else {}),
+                **({"name": loader.name} if loader.name is not None else {}),
                 **({"tune": tune_dict(loader.tune)} if loader.tune is not None else {}),
             }
             for loader in last.loaders
@@ -158,6 +162,7 @@ def _trainer(last: TrainerSnapshot, snaps: Sequence[Snapshot], plan: Plan | None
         "job": last.job,
         "verdict": verdict(last, findings)[0],
         "plan": plan.as_dict() if plan is not None and last.status == "running" else None,
+        "figures": run_figures(last, snaps),
     }
 
 

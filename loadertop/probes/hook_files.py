@@ -339,6 +339,8 @@ class HookReader:
         span = 0.0
         stalled = 0.0
         rates = []
+        totals: list[int] = []  # batches so far, each loader (the loop's loader has the most)
+        waited_total = 0.0
         for h in hooks:
             # A next() in progress counts as waiting up to now.
             ongoing = max(0.0, now - h["in_next_since"]) if h["in_next_since"] else 0.0
@@ -355,8 +357,10 @@ class HookReader:
                 dispatched += last[1] - first[1]
             batches += last[2] - first[2]
             span = max(span, last[0] - first[0])
+            waited_total += last[1]
             if last[0] > first[0]:
                 rates.append((last[2] - first[2]) / (last[0] - first[0]))
+                totals.append(int(last[2]))
         if span <= 0:
             return None
         fraction = min(1.0, max(0.0, waited / span))
@@ -367,7 +371,8 @@ class HookReader:
                         steps_per_s=max(rates) if rates else None,
                         iterable=True if True in iterable else (False if iterable else None),
                         dispatched_fraction=min(1.0, dispatched / span) if dispatched else None,
-                        loop=next((h["config"]["loop"] for h in hooks if h["config"].get("loop")), None))
+                        loop=next((h["config"]["loop"] for h in hooks if h["config"].get("loop")), None),
+                        batches_total=max(totals) if totals else None, waited_total_s=waited_total)
 
     def notices(self) -> tuple[Notice, ...]:
         return tuple(self._notices.values())

@@ -92,6 +92,7 @@ class _Window:
     started: float
     ended: float
     counts: dict[str, int]
+    first_look: bool = False  # a trainer's short first window
 
 
 @dataclass
@@ -102,6 +103,8 @@ class _Recording:
     errors: str
     started_mono: float  # for the hang timeout
     identity: float | None = None  # the trainer's start time when the window began
+    window_s: int = 0  # its length
+    first_look: bool = False
 
 
 DUMP_GAP_S = 1.0  # saved-up dumps run at most this often
@@ -123,6 +126,10 @@ class Profile:
     # One window at a time across the trainers, each trainer's gap grown with their number: what
     # py-spy costs stays that of one trainer's duty cycle however many there are (the node agent).
     spread: bool = False
+    # A trainer's first window: this long, at first_rate_hz, then a full window at once (no gap)
+    # that confirms it. 0: the first window is a full one. Its data wait is marked first_look.
+    first_look_s: int = 0
+    first_rate_hz: int = 50
 
 
 # The live view: one 10 s window every 40 s (data wait over the last two: 200 samples), one
@@ -130,7 +137,10 @@ class Profile:
 # 0.15 % of a core more, which the 1.2 % budget of docs/BENCHMARKS.md §3 has no room for;
 # 5 Hz windows cost as little but halve the samples data wait is read from. The rules read the
 # dumps too (a worker waiting for indices), so they are not made rarer still.
-LIVE = Profile(window_s=10, gap_s=30.0, rolling_s=50.0, dump_interval_s=40.0, dump_burst=16)
+# A new user decides in the first seconds whether the tool works: the first look at a trainer
+# is 3 s at 50 Hz (150 samples: a 80 % wait within ±7 points at two standard errors), shown as
+# provisional until the full window after it confirms it.
+LIVE = Profile(window_s=10, gap_s=30.0, rolling_s=50.0, dump_interval_s=40.0, dump_burst=16, first_look_s=3)
 # A recording is replayed tick by tick: back-to-back windows, a worker dump every 10 s.
 RECORDING = Profile(window_s=10, rolling_s=30.0, dump_interval_s=10.0)
 # A dashboard needs the trend, not every second: a 10 s window a minute; each worker is
@@ -157,7 +167,8 @@ class StackSampler:
     def of(cls, profile: Profile, **kw: Any) -> StackSampler:
         return cls(window_s=profile.window_s, gap_s=profile.gap_s, rolling_s=profile.rolling_s,
                    dump_interval_s=profile.dump_interval_s, dump_burst=profile.dump_burst,
-                   refresh_doing=profile.refresh_doing, rate_hz=profile.rate_hz, spread=profile.spread, **kw)
+                   refresh_doing=profile.refresh_doing, rate_hz=profile.rate_hz, spread=profile.spread,
+                   first_look_s=profile.first_look_s, first_rate_hz=profile.first_rate_hz, **kw)
 
     def __init__(
         self,
@@ -171,6 +182,8 @@ class StackSampler:
         refresh_doing: bool = True,
         dump_burst: int = 1,
         spread: bool = False,
+        first_look_s: int = 0,
+        first_rate_hz: int = 50,
     ) -> None:
         """gap_s: pause between a trainer's windows (duty cycle), to sample less often.
         Worker dumps run on a credit: one earned every dump_interval_s, at most dump_burst
@@ -178,6 +191,8 @@ class StackSampler:
         starts) get their arguments within seconds while the steady rate stays low.
         refresh_doing=False dumps each worker once (its arguments), not again for its frame."""
         self.window_s = max(1, int(window_s))
+        self.first_look_s = max(0, min(int(first_look_s), self.window_s))
+        self.first_rate_hz = first_rate_hz
         self.gap_s = gap_s
         self.spread = spread
         self._spread_next = 0.0  # spread: no window of a trainer seen before starts before this
@@ -269,6 +284,8 @@ class StackSampler:
             for k, v in w.counts.items():
                 counts[k] = counts.get(k, 0) + v
         dw = data_wait_from_counts(counts, end - recent[0].started, stalled)
+        if all(w.first_look for w in recent):
+            dw = replace(dw, first_look=True)
         return dw if dw.samples else None
 
     def windows(self, trainer_pid: int) -> list[tuple[float, float, DataWait]]:
@@ -356,7 +373,7 @@ class StackSampler:
             for pid, rec in list(self._recordings.items()):
                 if rec.proc.poll() is not None:
                     self._finish_recording(pid, rec)
-                elif now - rec.started_mono > self.window_s + 10:
+                elif now - rec.started_mono > rec.window_s + 10:
                     _kill(rec.proc)  # a hung py-spy: give up this window, keep going
                     self._finish_recording(pid, rec, timed_out=True)
             credit = min(self.dump_burst, credit + (now - last_loop) / self.dump_interval_s)
@@ -374,7 +391,7 @@ class StackSampler:
             # Sleep until something is due (a window ends or starts, a dump's credit) rather
             # than polling: each wake-up takes the GIL from the UI.
             wake = [] if nothing_to_dump else [last_dump + max(gap, (1.0 - credit) * self.dump_interval_s)]
-            wake += [rec.started_mono + self.window_s for rec in self._recordings.values()]
+            wake += [rec.started_mono + rec.window_s for rec in self._recordings.values()]
             if accepting:
                 wake += [max(self._refused_until.get(p, 0.0), self._next_start.get(p, 0.0))
                          for p in targets if p not in self._recordings]
@@ -402,11 +419,13 @@ class StackSampler:
             return
         output = os.path.join(self._tmp, f"{pid}-{time.monotonic_ns()}.txt")
         errors = output + ".err"
+        first = bool(self.first_look_s) and pid not in self._windows
+        window, rate = (self.first_look_s, self.first_rate_hz) if first else (self.window_s, self.rate_hz)
         with open(errors, "w") as err:
             try:
                 proc = subprocess.Popen(
                     [pyspy, "record", "--format", "raw", "--idle", "--nonblocking", "--threads",
-                     "--rate", str(self.rate_hz), "--duration", str(self.window_s),
+                     "--rate", str(rate), "--duration", str(window),
                      "--pid", str(pid), "--output", output],
                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                 )
@@ -414,7 +433,8 @@ class StackSampler:
                 self._cannot_run(e)
                 return
         with self._lock:
-            self._recordings[pid] = _Recording(proc, time.time(), output, errors, time.monotonic(), ident)
+            self._recordings[pid] = _Recording(proc, time.time(), output, errors, time.monotonic(), ident,
+                                               window_s=window, first_look=first)
 
     def _finish_recording(self, pid: int, rec: _Recording, timed_out: bool = False) -> None:
         ended = time.time()
@@ -430,20 +450,21 @@ class StackSampler:
             counts = {}  # the pid was reused during the window: not our trainer's samples
         if self.spread:  # the next window of any trainer, one duty cycle on
             self._spread_next = time.monotonic() + self.gap_s
-        self._next_start[pid] = time.monotonic() + self.gap_s
+        # After a first look, the full window that confirms it at once.
+        self._next_start[pid] = time.monotonic() + (0.0 if rec.first_look and counts else self.gap_s)
         with self._lock:
             self._recordings.pop(pid, None)
             if timed_out:
                 self._notices[(N.DATA_WAIT_TIMEOUT, pid)] = Notice(
                     N.DATA_WAIT_TIMEOUT,
-                    f"py-spy did not finish a {self.window_s}s window on trainer {pid}; retrying",
+                    f"py-spy did not finish a {rec.window_s}s window on trainer {pid}; retrying",
                     None,
                     pid,
                 )
             if counts:
                 self._notices = {k: v for k, v in self._notices.items() if k[1] != pid}
                 windows = self._windows.setdefault(pid, deque(maxlen=max(2, int(600 / self.window_s))))
-                windows.append(_Window(rec.started, ended, counts))
+                windows.append(_Window(rec.started, ended, counts, rec.first_look))
                 total = sum(v for k, v in counts.items() if k not in SUBCOUNTS)
                 waiting = counts.get(WAIT, 0) + counts.get(MAIN, 0)
                 # Stalled: every sample of the window inside next(). A loop that waits 97%

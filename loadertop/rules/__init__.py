@@ -71,8 +71,10 @@ class _State:
     bad_since: float | None = None  # the current run of bad checks began (None: not in one)
     gone_since: float | None = None  # the first check since the last bad one that was not bad
     finding: Finding | None = None
+    bad_now: bool = False  # the latest check found the condition
 
     def update(self, t: float, check: Check, hold_s: float, clear_s: float) -> None:
+        self.bad_now = check.level is not None and check.level > 0
         if check.level is not None and check.level > 0:
             if self.bad_since is None:
                 self.bad_since = t - check.span_s
@@ -154,9 +156,17 @@ class Diagnoser:
         return any((t.pid, t.started_at) == key[1:] for t in snap.trainers)
 
     def findings(self) -> list[Finding]:
+        return self._of(lambda state: state.active)
+
+    def pending(self) -> list[Finding]:
+        """Findings whose condition holds now but has not held long enough to be raised: what
+        a first look sees (the live view shows them as a provisional verdict, never as findings)."""
+        return self._of(lambda state: state.bad_now and not state.active)
+
+    def _of(self, chosen: Callable[[_State], bool]) -> list[Finding]:
         out = []
         for key, state in self._states.items():
-            if state.active and state.finding is not None:
+            if chosen(state) and state.finding is not None:
                 plan = self.plans.get(key[1:])
                 # A finding held since an earlier tick speaks with the trainer's latest plan.
                 out.append(with_plan(state.finding, plan) if plan is not None else state.finding)

@@ -74,11 +74,13 @@ class LoadertopApp(App):
         self._gpu = gpu
         self.history: deque[Snapshot] = deque(maxlen=KEPT_SNAPSHOTS)
         self.findings: list[Finding] = []
+        self.pending: list[Finding] = []  # raised once they hold: a provisional verdict meanwhile
+        self.summary_shown = False
         self.snapshot: Snapshot | None = None
         self.selected = 0
         self.paused = False
         self.ended = False
-        self._latest: tuple[Snapshot, list[Finding]] | None = None
+        self._latest: tuple[Snapshot, list[Finding], list[Finding]] | None = None  # snap, findings, pending
         self._latest_lock = threading.Lock()
         self._tick_pending = False
         self._stop = threading.Event()
@@ -132,8 +134,11 @@ class LoadertopApp(App):
                 if result is None:
                     self.post_message(SourceEnded())
                     return
+                # The findings not held yet, read here where the diagnoser is fed (never from
+                # the UI's thread while it changes): a first look's provisional verdict.
+                pending_findings = source.diagnoser.pending()
                 with self._latest_lock:
-                    self._latest = result
+                    self._latest = (*result, pending_findings)
                     pending, self._tick_pending = self._tick_pending, True
                 if not pending:  # the UI has not taken the previous one: it will take this one
                     self.post_message(Tick())
@@ -147,9 +152,10 @@ class LoadertopApp(App):
             self._tick_pending = False
         if latest is None:
             return
-        snap, findings = latest
+        snap, findings, pending = latest
         self.snapshot = snap
         self.findings = findings
+        self.pending = pending
         self.history.append(snap)
         self.query_one(HistoryPanel).record(snap)
         self.query_one(EventsPanel).record(snap)
@@ -160,6 +166,23 @@ class LoadertopApp(App):
                             severity="warning", timeout=8)
         self.refresh_view()
         self.ticks_shown += 1
+        if (self.source is not None and self.source.live and not self.summary_shown and snap.trainers
+                and all(t.status == "exited" for t in snap.trainers)):
+            self.show_summary()
+
+    def show_summary(self) -> None:
+        """Every trainer ended: what the run did, on screen until dismissed."""
+        from ..outputs import report, summary
+        from ..rules import diagnosed
+        from .screens.job_ended import SummaryScreen
+
+        self.summary_shown = True
+        snaps = list(self.history)[-SAVED_SNAPSHOTS:]
+        running = summary.while_running(snaps)
+        # The diagnosis as the job last ran (the live one has moved on to its exit).
+        diagnosis = diagnosed(running)
+        data = report.build_report(running, diagnosis.findings(), plans=diagnosis.plans)
+        self.push_screen(SummaryScreen(summary.render(data, summary.ended(snaps))))
 
     def on_source_ended(self, _: SourceEnded) -> None:
         if not self.is_running:
@@ -179,7 +202,7 @@ class LoadertopApp(App):
                 if trainer is not None and self.source is not None else None)
         self.query_one(HeaderPanel).render_for(snap, trainer, self.findings, self.paused,
                                                self.source is None or self.source.live, self.selected, len(trainers),
-                                               plan)
+                                               plan, self.pending)
         self.query_one(HistoryPanel).render_for(snap, trainer, now=self.paused or self.ended)
         self.query_one(OverviewPanel).render_for(snap, self.findings, self.selected, trainers, compared)
         self.query_one(WorkersTable).show(trainer, snap.time)
@@ -294,7 +317,7 @@ class LoadertopApp(App):
             self.history.append(snap)
             history.record(snap)
             events.record(snap)
-        self.snapshot, self.findings = prefix[-1], findings
+        self.snapshot, self.findings, self.pending = prefix[-1], findings, []
         findings_panel = self.query_one(FindingsPanel)
         findings_panel.since.clear()  # a seek knows the findings at its end only: counted from there
         findings_panel.record(prefix[-1], findings)

@@ -35,8 +35,10 @@ class HelpScreen(ModalScreen):
         lines += [f"  [b]{f.header:<7}[/b] {f.help}" for f in WORKER_FIELDS]
         lines += ["", "[b]Header and history[/b]"]
         lines += [f"  [b]{f.header:<9}[/b] {f.help}" for f in TRAINER_FIELDS]
-        lines += ["", f"Data wait is sampled by py-spy from outside: a {LIVE.window_s} s window every "
-                  f"{LIVE.window_s + LIVE.gap_s:g} s,",
+        lines += ["", f"Data wait is sampled by py-spy from outside: a first {LIVE.first_look_s} s look (the verdict "
+                  "it gives is marked provisional",
+                  f"until the {LIVE.window_s} s window right after it confirms it), then a {LIVE.window_s} s window "
+                  f"every {LIVE.window_s + LIVE.gap_s:g} s,",
                   "the figure covering the last two (`loadertop.watch(loader)` in the script makes it exact).",
                   "What each worker is DOING comes from py-spy dumps: new workers within seconds, then one",
                   f"worker every {LIVE.dump_interval_s:g} s, in turn.",

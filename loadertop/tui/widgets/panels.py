@@ -15,7 +15,7 @@ from ...fields import human_age, human_bytes, human_percent
 from ...model import Event, Finding, Snapshot, TrainerSnapshot
 from ...rules.plan import Plan
 from ...rules.ranks import Attribution, jobs_of
-from ...verdict import job_verdict, verdict
+from ...verdict import first_answer, job_verdict, verdict
 
 
 class Panel(Static):
@@ -67,7 +67,8 @@ def the_change(trainer: TrainerSnapshot, findings: list[Finding], plan: Plan | N
 
 class HeaderPanel(Panel):
     def render_for(self, snap: Snapshot, trainer: TrainerSnapshot | None, findings: list[Finding],
-                   paused: bool, live: bool, index: int, count: int, plan: Plan | None = None) -> None:
+                   paused: bool, live: bool, index: int, count: int, plan: Plan | None = None,
+                   pending: list[Finding] | None = None) -> None:
         width = max(40, self.size.width or 80)
         top = Text()
         top.append(" loadertop ", style="bold reverse")
@@ -85,12 +86,20 @@ class HeaderPanel(Panel):
             top.append(cmd if len(cmd) <= room else cmd[: room - 1] + "…", style="dim")
         top.append(tail)
         line = Text()
-        word, colour = verdict(trainer, findings)
+        word, colour, provisional = first_answer(trainer, findings, pending or [])
         line.append(f" {word} ", style=f"bold reverse {colour}")
         dw = trainer.data_wait
-        line.append(f"  data wait {human_percent(dw.fraction if dw else None)}")
+        if provisional:
+            # A first look: said at once, confirmed (or not) once it has held a full window.
+            line.append(" provisional", style=f"italic {colour}")
+        if dw is None and word == "WATCHING" and live:
+            line.append("  data wait: measuring (py-spy's first 3 s look)", style="dim")
+        else:
+            line.append(f"  data wait {human_percent(dw.fraction if dw else None)}")
         if dw is not None and dw.source == "hook":
             line.append(" (exact, hook)", style="dim")
+        elif dw is not None and dw.first_look:
+            line.append(f" (first {dw.window_s:.0f} s, confirming)", style="dim")
         util = [g.utilization_percent for g in snap.gpus if g.index in trainer.gpus]
         if util and util[0] is not None:
             line.append(f"   GPU{trainer.gpus[0]} {util[0]:.0f}%")
