@@ -12,7 +12,8 @@ have not held or while data wait comes from the first look alone). Per case:
 - confirmed: seconds to the first verdict that is not provisional;
 - the first verdict's word and the confirmed one's (figures stripped: INPUT-BOUND 81% and
   INPUT-BOUND 78% are one answer), and whether they differ (a flip);
-- changes: how many times the word changed over the whole run after the first verdict.
+- changes: how many times the word changed over the whole run after the first verdict, the
+  last verdict, and from when it held (a root cause a later reading finds: threads, a quota).
 
 Run: python bench/first_verdict.py [--cases cpu_bound,io_bound] [--seconds 30] [--json out.json]
 Needs root for the quota case (cgroup v1 cpu), as bench/advice.py.
@@ -71,6 +72,11 @@ def watch(case, args) -> dict:
     confirmed = [(t, w) for t, w, p in answered if not p]
     words = [family(w) for _, w, _ in answered]
     changes = sum(1 for a, b in zip(words, words[1:], strict=False) if a != b)
+    settled = next((t for i, (t, _, _) in enumerate(answered) if all(w == words[-1] for w in words[i:])), None)
+    if args.verbose:
+        for i, (t, w, p) in enumerate(answered):
+            if i == 0 or words[i] != words[i - 1] or p != answered[i - 1][2]:
+                print(f"  {case.name} {t:5.1f} s  {w}{' (provisional)' if p else ''}", flush=True)
     first = answered[0] if answered else None
     return {
         "case": case.name,
@@ -82,16 +88,17 @@ def watch(case, args) -> dict:
         "last": seen[-1][1],
         "flip": bool(first and confirmed and family(first[1]) != family(confirmed[0][1])),
         "changes": changes,
+        "settled_s": round(settled, 1) if settled is not None else None,
     }
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| case | first verdict | after | confirmed | after | flip | changes in the run |",
-           "|---|---|---|---|---|---|---|"]
+    out = ["| case | first verdict | after | confirmed | after | flip | changes after | last verdict | from |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         prov = " (provisional)" if r["first_provisional"] else ""
         out.append(f"| {r['case']} | {r['first']}{prov} | {r['first_s']} s | {r['confirmed']} | {r['confirmed_s']} s | "
-                   f"{'**yes**' if r['flip'] else 'no'} | {r['changes']} |")
+                   f"{'**yes**' if r['flip'] else 'no'} | {r['changes']} | {r['last']} | {r['settled_s']} s |")
     return "\n".join(out)
 
 
@@ -101,6 +108,7 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=30.0, help="how long the view watches each job (30)")
     p.add_argument("--interval", type=float, default=0.5, help="seconds per tick (0.5)")
     p.add_argument("--json", help="write the rows to this file")
+    p.add_argument("--verbose", action="store_true", help="print each change of the verdict as it comes")
     args = p.parse_args()
     args.work_per_ms = calibrate()
     chosen = [c for c in cases() if not args.cases or c.name in args.cases.split(",")]

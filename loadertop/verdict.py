@@ -74,9 +74,11 @@ def first_answer(trainer: TrainerSnapshot | None, findings: list[Finding],
     provisional = dw is not None and dw.first_look
     mine = [f for f in findings if trainer is None or f.trainer_pid in (None, trainer.pid)]
     waiting = [f for f in pending if trainer is None or f.trainer_pid in (None, trainer.pid)]
-    if waiting and _word({f.id for f in mine}, mine, None) is None:
-        found = _word({f.id for f in waiting}, waiting, dw.fraction if dw else None)
-        if found is not None:
+    if trainer is not None and trainer.status != "exited" and waiting:
+        # A root cause found but not held yet goes first, as the raised ones would put it.
+        both = mine + waiting
+        found = _word({f.id for f in both}, both, dw.fraction if dw else None)
+        if found is not None and found != _word({f.id for f in mine}, mine, dw.fraction if dw else None):
             return (*found, True)
     return word, colour, provisional and word != "WATCHING"
 

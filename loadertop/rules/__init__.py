@@ -71,10 +71,8 @@ class _State:
     bad_since: float | None = None  # the current run of bad checks began (None: not in one)
     gone_since: float | None = None  # the first check since the last bad one that was not bad
     finding: Finding | None = None
-    bad_now: bool = False  # the latest check found the condition
 
     def update(self, t: float, check: Check, hold_s: float, clear_s: float) -> None:
-        self.bad_now = check.level is not None and check.level > 0
         if check.level is not None and check.level > 0:
             if self.bad_since is None:
                 self.bad_since = t - check.span_s
@@ -159,9 +157,10 @@ class Diagnoser:
         return self._of(lambda state: state.active)
 
     def pending(self) -> list[Finding]:
-        """Findings whose condition holds now but has not held long enough to be raised: what
-        a first look sees (the live view shows them as a provisional verdict, never as findings)."""
-        return self._of(lambda state: state.bad_now and not state.active)
+        """Findings whose condition was found and not contradicted since (a tick that cannot
+        tell does not end it) but has not held long enough to be raised: what a first look
+        sees (the live view shows them as a provisional verdict, never as findings)."""
+        return self._of(lambda state: state.bad_since is not None and not state.active)
 
     def _of(self, chosen: Callable[[_State], bool]) -> list[Finding]:
         out = []

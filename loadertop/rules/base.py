@@ -111,13 +111,16 @@ class Context:
         """How the workers look while the loop has waited without a break (see
         measure.hang_signature), once that lasted long enough to call it a hang."""
         dw = self.data_wait()
-        if dw is None or dw.stalled_for_s < T.HANG_MIN_S:
+        if dw is None or dw.stalled_for_s < T.HANG_STOPPED_MIN_S:
             return None
         stall = self.timed_history(dw.stalled_for_s)
         if not stall:
             return None
         signature = hang_signature(self.trainer, [t for _, t in stall], stall[0][0])
-        if signature in ("stopped", "idle") or (signature == "one frame" and dw.stalled_for_s >= T.STALL_S):
+        # Stopped workers deliver nothing, however short the wait seen: the first look names it.
+        if signature == "stopped" or (signature == "idle" and dw.stalled_for_s >= T.HANG_MIN_S):
+            return signature
+        if signature == "one frame" and dw.stalled_for_s >= T.STALL_S:
             return signature
         return None
 

@@ -66,6 +66,9 @@ RESPAWN_WINDOW_S = 300.0
 # stopped, or idle (under IDLE_WORKER_CPU % and IDLE_WORKER_SWITCHES context switches a
 # second: nothing wakes it); or for STALL_S while every worker's stack stays on one frame.
 HANG_MIN_S = 5.0
+# Every worker stopped (SIGSTOP, a debugger): a hang once the loop has waited this long without
+# a break (py-spy's 3 s first look is enough).
+HANG_STOPPED_MIN_S = 2.0
 STALL_S = 20.0
 IDLE_WORKER_CPU = 2.0
 IDLE_WORKER_SWITCHES = 5.0

@@ -48,6 +48,7 @@ class LiveSource:
         self.processes = ProcessSampler(slow_budget_s=SMAPS_S_PER_S * interval_s)
         self.sampler = Sampler(pids, interval_s=interval_s, stacks=self.stacks, processes=self.processes)
         self.diagnoser = Diagnoser()
+        self._first = True
 
     @property
     def interval_s(self) -> float:
@@ -59,7 +60,10 @@ class LiveSource:
         self.processes.slow_budget_s = SMAPS_S_PER_S * value
 
     def next(self) -> tuple[Snapshot, list[Finding]] | None:
-        snap = self.sampler.tick()
+        # The first tick reads every process's threads and memory at once, whatever the budget:
+        # the first answer needs them (busy threads, run-queue waits) within seconds, not minutes.
+        snap = self.sampler.tick(complete=self._first)
+        self._first = False
         return snap, self.diagnoser.feed(snap)
 
     def close(self) -> None:
