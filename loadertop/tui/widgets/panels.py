@@ -115,6 +115,8 @@ class HeaderPanel(Panel):
         top.truncate(width)
         line.truncate(width)
         tune = next((loader.tune for loader in trainer.loaders if loader.tune is not None), None)
+        if provisional:
+            findings = findings + [f for f in pending or [] if f not in findings]  # the change it would ask
         change = the_change(trainer, findings, plan)
         if tune is not None and tune.state != "off":
             # The tuner sizes the workers itself: what it does, and any change it cannot make.
