@@ -113,3 +113,20 @@ def test_damaged_missing_and_foreign_files_are_one_line_each(tmp_path):
     assert r.returncode == 2 and "not a percentage" in r.stderr
     r = loadertop("diff", str(good), str(good), "--fail-if-slower", "10")
     assert r.returncode == 2 and "needs steps/s" in r.stderr
+
+
+@pytest.mark.unit
+def test_each_figure_s_noise_comes_from_readings_that_do_not_overlap():
+    from loadertop.outputs.figures import per_tick, windowed
+
+    # Rates between ticks: the blocks' spread. A steady rate has none; a drifting one has some.
+    assert per_tick([10.0] * 20) == {"value": 10.0, "stderr": 0.0, "readings": 20}
+    drifting = per_tick([10.0 + i for i in range(20)])
+    assert drifting["value"] == 19.5 and drifting["stderr"] > 2.0
+    assert per_tick([3.0])["stderr"] is None  # one reading tells no spread
+    # Rolling windows: only readings whose windows do not overlap count, walking back from the
+    # last. Ticks every second over 10 s windows: the last and the one 10 s before it.
+    points = [(float(t), 0.5 if t < 15 else 0.7, 10.0) for t in range(26)]
+    w = windowed(points)
+    assert w["readings"] == 3 and w["value"] == pytest.approx((0.7 + 0.7 + 0.5) / 3, abs=1e-4)
+    assert windowed(points[:1])["stderr"] is None
