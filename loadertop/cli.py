@@ -372,8 +372,7 @@ def _write_report(path: str, text: str) -> int:
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
     from .outputs import summary
-    from .outputs.report import build_report, to_json
-    from .rules import diagnosed, thresholds
+    from .outputs.report import to_json
 
     if args.output:
         _check_output(args.output)
@@ -388,9 +387,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
             raise UsageError("which job? give its PID (`loadertop` lists them) or --from a recording")
         snapshots, interrupted = _sample_for_snapshot(args)
         duration = args.duration
-    # A short snapshot is one window of evidence: it may hold a finding for half its length.
-    diagnosis = diagnosed(snapshots, hold_s=min(thresholds.HOLD_S, max(1.0, duration / 2)))
-    report = build_report(snapshots, diagnosis.findings(), diagnosis.notices(), plans=diagnosis.plans)
+    report = _report_of_snapshots(snapshots, duration)
     if not args.recording and summary.ended(snapshots):
         # The job ended while it was watched: what it did over the run, in the terminal too.
         sys.stderr.write(summary.render(_report_of_snapshots(summary.while_running(snapshots)), True))
@@ -575,15 +572,20 @@ def cmd_fleet(args: argparse.Namespace) -> int:
                          "`loadertop fleet --prometheus URL` lists the jobs it has")
     text = json.dumps(report, indent=2) + "\n"
     if args.output:
-        kind = args.output.lower().rsplit(".", 1)[-1]
-        render = {"json": lambda _: text, "md": fleet.render_md, "html": fleet.render_html}[kind]
-        write_file(args.output, render(report))
+        write_file(args.output, _by_extension(args.output, text, report, fleet.render_md, fleet.render_html))
         print(f"loadertop: fleet report written to {args.output}", file=sys.stderr)
     if args.json:
         sys.stdout.write(text)
     elif not args.output:
         sys.stdout.write(fleet.render_text(report))
     return 0
+
+
+def _by_extension(path: str, json_text: str, report: dict, render_md, render_html) -> str:
+    """What `-o FILE.{json,md,html}` writes (the extension was checked by _check_output): the
+    JSON already made, or only the one rendering asked for."""
+    kind = os.path.splitext(path)[1].lower()
+    return json_text if kind == ".json" else render_md(report) if kind == ".md" else render_html(report)
 
 
 def _report_of(path: str) -> dict:
@@ -617,12 +619,14 @@ def _report_of(path: str) -> dict:
     return _report_of_snapshots(_read_recording(path).snapshots)
 
 
-def _report_of_snapshots(snapshots) -> dict:
-    """The report of recorded snapshots, as `snapshot --from` makes it."""
+def _report_of_snapshots(snapshots, duration: float | None = None) -> dict:
+    """The report of snapshots sampled over `duration` s (a recording's: its span)."""
     from .outputs.report import build_report
     from .rules import diagnosed, thresholds
 
-    duration = snapshots[-1].monotonic - snapshots[0].monotonic
+    if duration is None:
+        duration = snapshots[-1].monotonic - snapshots[0].monotonic
+    # A short snapshot is one window of evidence: it may hold a finding for half its length.
     diagnosis = diagnosed(snapshots, hold_s=min(thresholds.HOLD_S, max(1.0, duration / 2)))
     return build_report(snapshots, diagnosis.findings(), diagnosis.notices(), plans=diagnosis.plans)
 
@@ -644,9 +648,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     text = json.dumps(report, indent=2) + "\n"
     status = 0
     if args.output:
-        kind = args.output.lower().rsplit(".", 1)[-1]
-        render = {"json": lambda _: text, "md": diff.render_md, "html": diff.render_html}[kind]
-        status = _write_report(args.output, render(report))
+        status = _write_report(args.output, _by_extension(args.output, text, report, diff.render_md, diff.render_html))
     if args.json:
         sys.stdout.write(text)
     elif not args.output:

@@ -38,8 +38,6 @@ class _Slow:
     thread_wait_ns: dict[int, int] = field(default_factory=dict)
     busy_threads: int | None = None
     runqueue_wait: float | None = None
-    main_thread_cpu: float | None = None
-    main_thread_runqueue: float | None = None
     torch_segments: dict[tuple[str, int], int] | None = None
     thread_pools: tuple[str, ...] = ()
     read_chars: int | None = None  # rchar at sampled_at
@@ -117,8 +115,7 @@ class ProcessSampler:
         slow = self._slow.get(key)
         memory = slow.memory if slow else None
         alive = st.state != "Z"
-        main_cpu = slow.main_thread_cpu if slow else None
-        main_queued = slow.main_thread_runqueue if slow else None
+        main_cpu = main_queued = None
         if main_thread and alive:
             main_cpu, main_queued = self._main_thread(key, st.pid, now)
         return _frozen_sample({
@@ -250,10 +247,6 @@ class ProcessSampler:
             slow.busy_threads = busy_thread_count(shares, helpers)
             waited = sum(w - slow.thread_wait_ns[t] for t, w in waits.items() if t in slow.thread_wait_ns)
             slow.runqueue_wait = max(0.0, waited / 1e9 / dt)
-            main = st.pid  # the main thread's tid is the pid
-            slow.main_thread_cpu = min(1.0, max(0.0, shares[main])) if main in shares else None
-            slow.main_thread_runqueue = (max(0.0, (waits[main] - slow.thread_wait_ns[main]) / 1e9 / dt)
-                                         if main in waits and main in slow.thread_wait_ns else None)
         slow.thread_ticks = ticks
         slow.thread_wait_ns = waits
 
