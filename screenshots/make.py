@@ -22,6 +22,7 @@ from loadertop.tui.app import LoadertopApp  # noqa: E402
 from loadertop.tui.source import LiveSource  # noqa: E402
 
 SETTLED = "tune settled"
+FIRST_LOOK = "provisional"  # the verdict of py-spy's first 3 s look, before a full window confirms it
 SHOTS = {
     # name: (scenario, size, the finding to wait for, or None for "none at all")
     "starved": ("starved", (120, 36), "input_bound"),
@@ -31,6 +32,8 @@ SHOTS = {
     "starved-80x24": ("starved", (80, 24), "input_bound"),
     # The starved demo with watch(tune=True): shot once the tuner settled.
     "tuned": ("starved", (120, 36), SETTLED),
+    # The first seconds: the provisional verdict.
+    "first-look": ("starved", (120, 36), FIRST_LOOK),
 }
 
 
@@ -54,13 +57,19 @@ async def shoot(name: str, scenario: str, size: tuple[int, int], wait_for: str |
                         settled_at = loop.time()
                     # Once the monitor's 30 s window holds the new setting alone.
                     ready = settled_at is not None and loop.time() - settled_at >= 35
+                elif wait_for == FIRST_LOOK:
+                    from loadertop.tui.widgets.panels import HeaderPanel
+
+                    if FIRST_LOOK in str(app.query_one(HeaderPanel).render()):
+                        break
+                    continue
                 else:
                     ready = (wait_for in ids) if wait_for else (app.ticks_shown >= 25 and not ids)
                 if ready and app.ticks_shown >= 12:
                     break
             app.save_screenshot(str(HERE / f"{name}.svg"))
             print(f"{name}: {sorted({f.id for f in app.findings}) or 'no findings'}")
-            if size == (120, 36):
+            if size == (120, 36) and wait_for != FIRST_LOOK:
                 render_report(name, app)
     finally:
         stop_job(proc)
