@@ -34,9 +34,9 @@ def rank_wait(wait: float, backward: float, samples: int = 400, steps: float | N
 
 
 def rank(r: int, wait: float, backward: float, cpu: float = 0.1, world: int = 2, source: str = "py-spy",
-         **kw):
+         workers: int = 1, **kw):
     pid = 5000 + 100 * r
-    return trainer(workers=1, worker_cpu=20.0, pid=pid, rank=r, local_rank=r, world_size=world, job_pid=4000,
+    return trainer(workers=workers, worker_cpu=20.0, pid=pid, rank=r, local_rank=r, world_size=world, job_pid=4000,
                    job_id=JOB, wait=rank_wait(wait, backward, source=source),
                    main=process(pid, 100 * cpu, threads=6, main_thread_cpu=cpu, main_thread_runqueue_s_per_s=0.0),
                    **kw)
@@ -131,6 +131,35 @@ def test_a_slow_step_names_its_rank_and_no_rank_is_told_to_change_its_loader():
     assert not any(f.change and "DataLoader" in f.change for f in findings)
     slow = next(f for f in findings if f.id == "rank_straggler")
     assert slow.trainer_pid == 5100 and "no loader change helps" in slow.suggestion
+
+
+def test_a_rank_that_waits_for_another_is_never_told_to_change_its_own_loader():
+    # Rank 0 waits 12% for its own loader, but 60% in the sync for rank 1's slow step: a faster
+    # loader there would only lengthen its wait in the sync, so no finding proposes one.
+    ranks = [rank(0, 0.12, 0.60, cpu=0.15), rank(1, 0.04, 0.05, cpu=0.9)]
+    findings, said = verdicts(job_story(ranks))
+    assert said[0] == "WAITS FOR RANK 1"
+    mine = {f.id for f in findings if f.trainer_pid == 5000}
+    assert "waits_for_rank" in mine and not mine & {"input_bound", "main_process_bound"}, mine
+    # Alone, the same rank's wait is its own loader's.
+    alone = diagnose(story(30, lambda t: snapshot(t, [rank(0, 0.12, 0.60, cpu=0.15, world=1)], host(cpu=40.0))))
+    assert {f.id for f in alone} & {"input_bound", "main_process_bound"}
+
+
+def test_the_step_straggler_is_not_told_to_trade_its_speed_for_cpus():
+    # Two ranks' workers queue for 2 busy CPUs. Fewer workers "at no real loss" is a fair trade
+    # for the rank that waits (its loss is slack), never for the one the job waits for: any loss
+    # there is the whole job's.
+    def make(t):
+        ranks = [replace(r, usable_cpus=2, workers=tuple(replace(w, runqueue_wait_s_per_s=0.5, cpu_percent=48.0)
+                                                         for w in r.workers))
+                 for r in (rank(0, 0.01, 0.60, cpu=0.15, workers=2), rank(1, 0.01, 0.05, cpu=0.9, workers=2))]
+        return snapshot(t, ranks, host(2, cpu=98.0, dataloader_workers=4, dataloader_trainers=2))
+
+    findings, said = verdicts(story(30, make))
+    assert said == {0: "WAITS FOR RANK 1", 1: "SLOWEST RANK"}
+    fewer = {f.trainer_pid for f in findings if f.id == "too_many_workers"}
+    assert 5100 not in fewer, findings
 
 
 def test_balanced_ranks_keep_their_own_verdicts():

@@ -7,6 +7,7 @@ from . import plan as P
 from . import thresholds as T
 from .base import CRITICAL, FINE, UNKNOWN, WARNING, Check, Context, enough_evidence, pct, wait_above
 from .cpu_oversubscribed import busiest
+from .waits_for_rank import waits_for_another
 
 ID = "input_bound"
 
@@ -21,8 +22,8 @@ def check(ctx: Context) -> Check:
     wait = m.wait_workers or 0.0
     if m.loader is None or plan.cause in (P.STALLED, P.MAIN_LOADING, P.RECEIVING):
         return FINE  # a hang is loader_stalled's, the main process's own work main_process_bound's
-    if not wait_above(dw, wait, T.DATA_WAIT_WARNING):
-        return FINE
+    if not wait_above(dw, wait, T.DATA_WAIT_WARNING) or waits_for_another(ctx):
+        return FINE  # a rank that waits for another: waits_for_rank says so, and what to change there
     level = CRITICAL if wait_above(dw, wait, T.DATA_WAIT_CRITICAL) else WARNING
     gpu = m.gpu_utilization
     if gpu is not None and gpu >= T.GPU_BUSY_PERCENT:

@@ -6,6 +6,7 @@ from . import evidence as E
 from . import plan as P
 from . import thresholds as T
 from .base import CRITICAL, FINE, UNKNOWN, WARNING, Check, Context, enough_evidence, pct, wait_above
+from .waits_for_rank import waits_for_another
 
 ID = "main_process_bound"
 
@@ -23,6 +24,8 @@ def check(ctx: Context) -> Check:
         return UNKNOWN
     if plan.cause not in (P.MAIN_LOADING, P.RECEIVING) or not wait_above(dw, main, T.DATA_WAIT_WARNING):
         return FINE
+    if waits_for_another(ctx):
+        return FINE  # its wait is slack the gradient sync absorbs: waits_for_rank says so
     level = CRITICAL if wait_above(dw, main, T.DATA_WAIT_CRITICAL) else WARNING
     evidence: E.MainProcessBound = {
                 "main_process_fraction": main, "data_wait_fraction": m.wait, "num_workers": m.num_workers,

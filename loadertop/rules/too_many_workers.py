@@ -6,6 +6,7 @@ from . import evidence as E
 from . import plan as P
 from . import thresholds as T
 from .base import FINE, UNKNOWN, WARNING, Check, Context
+from .waits_for_rank import waited_for
 
 ID = "too_many_workers"
 
@@ -26,6 +27,8 @@ def check(ctx: Context) -> Check:
     demand = m.main_demand + (lw.demand * lw.num_workers if lw is not None else 0.0)
     if not fewer or demand <= budget.cpus + T.POOL_SLACK_CPUS:
         return FINE
+    if (plan.gain or 0.0) < T.MIN_GAIN and waited_for(ctx):
+        return FINE  # fewer workers "at no real loss" is still a loss on the rank the whole job waits for
     return ctx.found(ID, WARNING,
                      f"{budget.shared_with + 1} DataLoader jobs share {budget.cpu_set} CPUs; this one's share is "
                      f"{budget.cpus:.1f}",
