@@ -261,9 +261,8 @@ def main(argv=None) -> int:
             slow = getattr(args, f"slow_{name}")
             if slow is not None:
                 setattr(args, name, slow)
-    per_ms = args.work_per_ms or (calibrate() if args.item_ms or args.step_cpu_ms else 0.0)
-    args.item_units = units_for(args.item_ms, per_ms)
-    step_units = units_for(args.step_cpu_ms, per_ms)
+    cpu_work = args.item_ms or args.step_cpu_ms or args.slow_item_ms or args.slow_step_cpu_ms
+    per_ms = args.work_per_ms or (calibrate() if cpu_work else 0.0)
     if args.rank_cpus:
         first = int(os.environ.get("LOCAL_RANK", "0")) * args.rank_cpus
         os.sched_setaffinity(0, set(range(first, first + args.rank_cpus)))  # workers inherit it
@@ -278,11 +277,19 @@ def main(argv=None) -> int:
         import torch.distributed as dist
 
         dist.init_process_group("gloo")
+        if not args.work_per_ms:
+            # Every rank does rank 0's amount of work: ranks that timed the loop apart, at a
+            # start-up that crowds the CPUs, can differ by a quarter and are no longer alike.
+            shared = [per_ms]
+            dist.broadcast_object_list(shared, src=0)
+            per_ms = shared[0]
         # Each rank its own files: two ranks renaming one file over each other would crash one.
         if args.ready:
             args.ready = f"{args.ready}.{os.environ['RANK']}"
         if args.truth:
             args.truth = f"{args.truth}.{os.environ['RANK']}"
+    args.item_units = units_for(args.item_ms, per_ms)
+    step_units = units_for(args.step_cpu_ms, per_ms)
     if args.late_start:
         time.sleep(args.late_start)
     try:
