@@ -8,10 +8,11 @@ The jobs (bench/advice.py's built-in job, every CPU cost a fixed loop count):
 - balanced: both ranks read 2 ms items;
 - too-few: both ranks start with too few workers for 4 ms items.
 
-For each: the grid (every rank at one num_workers), each setting's steps/s over --seconds after
---warmup; then tune=True from 1 worker for --tune-seconds: the epochs until the last decision,
-each rank's final setting, its decisions, and the steady rate (the last --steady seconds)
-against the grid's best. The balanced job is tuned twice: the decisions must be the same.
+For each: the grid (every rank at one num_workers, the same epochs as the tuned run), each
+setting's steps/s over --seconds after --warmup; then tune=True from 1 worker for
+--tune-seconds: the epochs until the last decision, each rank's final setting, its decisions,
+and the steady rate (the last --steady seconds) against the grid's best. The balanced job is
+tuned twice: the decisions must be the same.
 
 Goals (issue 32): >= 0.95 of the grid's best in every case, no rank that waits for another
 changed (tried a setting), the balanced job's decisions identical between runs.
@@ -46,9 +47,12 @@ JOBS = {
 
 
 def case(name: str) -> A.Case:
-    flags, grid, _ = JOBS[name]
+    """The job, its epochs included: the grid runs the same epochs as the tuned run (each epoch
+    starts its workers again: a cost every setting pays, and more of it with more workers)."""
+    flags, grid, items = JOBS[name]
     start = A.Setting(1)
-    return A.Case(name, name, (*COMMON, *flags), start, tuple(replace(start, workers=w) for w in grid), ranks=2)
+    return A.Case(name, name, (*COMMON, *flags, "--epoch-items", str(items)), start,
+                  tuple(replace(start, workers=w) for w in grid), ranks=2)
 
 
 def fixed(c: A.Case, setting: A.Setting, args) -> float:
@@ -61,8 +65,7 @@ def fixed(c: A.Case, setting: A.Setting, args) -> float:
 
 
 def tuned(c: A.Case, args) -> dict:
-    items = JOBS[c.name][2]
-    t = replace(c, flags=(*c.flags, "--tune", "--epoch-items", str(items)))
+    t = replace(c, flags=(*c.flags, "--tune"))
     with A.Run(t, c.start, args.work_per_ms, args.tune_seconds + 30) as run:
         run.wait_ready()
         started = time.time()
