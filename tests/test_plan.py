@@ -131,6 +131,21 @@ def test_quota_throttled_workers_are_not_waiting_on_io_and_get_no_more():
     assert plan.bigger_budget is not None and plan.bigger_budget[0] == 2
 
 
+def test_under_a_quota_fewer_workers_at_no_loss_are_found_past_one_that_loses_a_little():
+    # CI: the model put 1 worker at -4 % (within the tolerance band, past the loss a cost change
+    # may take) and 2 at no loss; the plan took the band's cheapest, refused it for its loss and
+    # kept 3, so a throttled job was told nothing. The cheapest setting at no real loss is 2.
+    def make(t):
+        tr = trainer(workers=3, worker_cpu=26.0, wait=0.75, usable=1, cpu_set=(0, 1), cpu_quota=1.0, cpus_busy=1.0,
+                     throttled_fraction=0.9, main=process(TRAINER, 8.0, runqueue_wait_s_per_s=0.3))
+        return snapshot(t, [busy(tr, 0.7)], host(2, cpu=50.0))
+
+    findings, plan = plan_of(story(30, make))
+    predicted = plan.evidence["model"]["relative_steps_per_s"]
+    assert 1 - T.TOLERANCE <= predicted["w=1 pf=2"] < 1 - T.MAX_LOSS and predicted["w=2 pf=2"] == 1.0
+    assert plan.cause == "quota" and changes(findings) == {"DataLoader": {"num_workers": 2}, "dataset": "D"}
+
+
 def test_busy_host_starved_workers_get_no_more():
     # Issue item 3: other processes take the CPUs; 2 CPU-bound workers get 40% each.
     def make(t):

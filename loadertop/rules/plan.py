@@ -468,13 +468,17 @@ def make_plan(m: Measured, hung: bool = False) -> Plan:
     good = [p for p in options or [current] if p.relative(current) >= (1 - T.TOLERANCE) * best.relative(current)]
     chosen = min(good, key=cost)
     now_fits = fits(m, now, batch) is None
-    cheaper = cost(chosen) < cost(current)
     if chosen.setting != now and chosen.gain_over(current) < T.MIN_GAIN:
         # Not worth a restart for speed; cheaper only for a cost reason, and at no real loss.
         # A quota or its own workers keep the CPUs queued: fewer workers that still fill them
         # cost nothing and switch less. Not on a busy host: there the share would shrink.
+        # The cheapest setting at no real loss, not merely the cheapest in the tolerance band
+        # (1 worker at -5 % must not hide 2 at no loss).
         reason = cause in (THREADS, TOO_MANY_WORKERS, QUOTA) or not now_fits
-        if not (cheaper and reason and chosen.gain_over(current) >= -T.MAX_LOSS) and now_fits:
+        free = [p for p in good if cost(p) < cost(current) and p.gain_over(current) >= -T.MAX_LOSS]
+        if reason and free:
+            chosen = min(free, key=cost)
+        elif now_fits:
             chosen = current
     tune_measured = None
     if (lw is not None and lw.tune == "settled" and chosen.setting.num_workers != now.num_workers
