@@ -91,16 +91,25 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=15.0)
     p.add_argument("--tune-seconds", type=float, default=60.0)
     p.add_argument("--steady", type=float, default=20.0)
+    p.add_argument("--grid-rounds", type=int, default=2,
+                   help="each grid setting measured this many times, in interleaved rounds (their mean)")
     p.add_argument("--json")
     args = p.parse_args()
     args.work_per_ms = calibrate()
     out = {}
     for name in args.jobs.split(","):
         c = case(name)
-        grid = {s.workers: fixed(c, s, args) for s in c.grid}
+        # Rounds, not repeats in a row: a drift of the VM touches every setting alike. One
+        # reading per setting makes the grid's best the highest of its noise where settings
+        # run alike (slow-step's loaders do not matter): a bar no steady rate reaches.
+        readings: dict[int, list[float]] = {s.workers: [] for s in c.grid}
+        for _ in range(args.grid_rounds):
+            for s in c.grid:
+                readings[s.workers].append(fixed(c, s, args))
+        grid = {w: sum(r) / len(r) for w, r in readings.items()}
         best_w = max(grid, key=lambda w: grid[w])
         runs = [tuned(c, args)] + ([tuned(c, args)] if name == "balanced" else [])
-        row = {"grid": grid, "best": best_w, "tuned": runs}
+        row = {"grid": grid, "grid_readings": readings, "best": best_w, "tuned": runs}
         for run in runs:
             run["of_best"] = run["rate"] / grid[best_w] if grid[best_w] else None
             # A rank that waits for another never tries a setting.
