@@ -113,14 +113,20 @@ def test_a_change_the_trainer_cannot_take_from_its_arguments_stays_a_dataloader_
         "TrainingArguments": {"dataloader_persistent_workers": True}}
 
 
+def throttled(worker_cpu: float, main_cpu: float):
+    """3 CPU-bound workers and the loop under a 1-CPU quota, throttled, on 2 CPUs."""
+    def make(t):
+        tr = trainer(workers=3, worker_cpu=worker_cpu, wait=0.75, usable=1, cpu_set=(0, 1), cpu_quota=1.0,
+                     cpus_busy=1.0, throttled_fraction=0.9,
+                     main=process(TRAINER, main_cpu, runqueue_wait_s_per_s=0.3))
+        return snapshot(t, [busy(tr, 0.7)], host(2, cpu=50.0))
+    return make
+
+
 def test_quota_throttled_workers_are_not_waiting_on_io_and_get_no_more():
     # Issue item 2: a 1-CPU quota, 3 CPU-bound workers at 25% each, throttled. One worker
     # keeps the quota busy as well as three (measured: as fast or a little faster).
-    def make(t):
-        tr = trainer(workers=3, worker_cpu=25.0, wait=0.75, usable=1, cpu_set=(0, 1), cpu_quota=1.0, cpus_busy=1.0,
-                     throttled_fraction=0.9, main=process(TRAINER, 20.0, runqueue_wait_s_per_s=0.3))
-        return snapshot(t, [busy(tr, 0.7)], host(2, cpu=50.0))
-
+    make = throttled(25.0, 20.0)
     findings, plan = plan_of(story(30, make))
     assert plan.cause == "quota" and plan.limit == "quota"
     assert changes(findings) == {"DataLoader": {"num_workers": 1}, "dataset": "D"}
@@ -135,12 +141,7 @@ def test_under_a_quota_fewer_workers_at_no_loss_are_found_past_one_that_loses_a_
     # CI: the model put 1 worker at -4 % (within the tolerance band, past the loss a cost change
     # may take) and 2 at no loss; the plan took the band's cheapest, refused it for its loss and
     # kept 3, so a throttled job was told nothing. The cheapest setting at no real loss is 2.
-    def make(t):
-        tr = trainer(workers=3, worker_cpu=26.0, wait=0.75, usable=1, cpu_set=(0, 1), cpu_quota=1.0, cpus_busy=1.0,
-                     throttled_fraction=0.9, main=process(TRAINER, 8.0, runqueue_wait_s_per_s=0.3))
-        return snapshot(t, [busy(tr, 0.7)], host(2, cpu=50.0))
-
-    findings, plan = plan_of(story(30, make))
+    findings, plan = plan_of(story(30, throttled(26.0, 8.0)))
     predicted = plan.evidence["model"]["relative_steps_per_s"]
     assert 1 - T.TOLERANCE <= predicted["w=1 pf=2"] < 1 - T.MAX_LOSS and predicted["w=2 pf=2"] == 1.0
     assert plan.cause == "quota" and changes(findings) == {"DataLoader": {"num_workers": 2}, "dataset": "D"}
