@@ -16,21 +16,23 @@ def job_of(ctx: Context) -> Attribution | None:
     return attributions(ctx.snap, ctx.recent).get(ctx.trainer.job)
 
 
+def _with_straggler(ctx: Context) -> Attribution | None:
+    """This rank's job, where its ranks compared name a straggler."""
+    job = job_of(ctx) if ctx.trainer.rank is not None else None
+    return job if job is not None and job.straggler is not None else None
+
+
 def waits_for_another(ctx: Context) -> bool:
     """This rank waits in the gradient sync for another: its own data wait is slack the sync
     absorbs (a faster loader here only lengthens its wait there), so no loader change on this
     rank speeds the job."""
-    if ctx.trainer.rank is None:
-        return False
-    job = job_of(ctx)
-    return job is not None and job.straggler is not None and ctx.trainer.rank in job.waiting
+    job = _with_straggler(ctx)
+    return job is not None and ctx.trainer.rank in job.waiting
 
 
 def waited_for(ctx: Context) -> bool:
     """This rank is the one its lockstep job waits for: any loss on it is the whole job's."""
-    if ctx.trainer.rank is None:
-        return False
-    job = job_of(ctx)
+    job = _with_straggler(ctx)
     return job is not None and job.straggler is not None and job.straggler.rank == ctx.trainer.rank
 
 
