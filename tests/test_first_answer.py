@@ -4,6 +4,8 @@ the provisional verdict is the pending findings' and never stands over a raised 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from synth import host, snapshot, story, trainer
 
@@ -53,7 +55,9 @@ async def test_the_live_view_names_a_starved_job_within_5_s_then_confirms_it(job
         # On the sampler's own clock: the tick that first showed it, from the first tick.
         assert app.snapshot.monotonic - first <= 5.0, app.snapshot.monotonic - first
         line = text_of(app, HeaderPanel).splitlines()[1]
-        assert "provisional" in line and "first 3 s" in line, line
+        # The length shown is the window py-spy really sampled: 3 s asked, more where its start is slow.
+        said = re.search(r"provisional .*\(first (\d+) s, confirming\)", line)
+        assert said and 3 <= int(said.group(1)) <= 5, line
         # The full window after the first look confirms it: no longer provisional, same word.
         await wait_until(pilot, lambda: "provisional" not in text_of(app, HeaderPanel), timeout=40)
         assert "INPUT-BOUND" in text_of(app, HeaderPanel).splitlines()[1]
