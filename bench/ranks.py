@@ -11,8 +11,9 @@ The jobs (bench/advice.py's built-in job, every CPU cost a fixed loop count):
 For each: the grid (every rank at one num_workers, the same epochs as the tuned run), each
 setting's steps/s over --seconds after --warmup; then tune=True from 1 worker for
 --tune-seconds: the epochs until the last decision, each rank's final setting, its decisions,
-and the steady rate (the last --steady seconds) against the grid's best. The balanced job is
-tuned twice: the decisions must be the same.
+and the steady rate (the last --steady seconds) against the grid's best. Every job is tuned in
+--tune-rounds rounds, beside the grid's: the mean of its runs is the job's figure, and the
+balanced job's runs must make the same decisions.
 
 Goals (issue 32): >= 0.95 of the grid's best in every case, no rank that waits for another
 changed (tried a setting), the balanced job's decisions identical between runs.
@@ -93,6 +94,8 @@ def main() -> int:
     p.add_argument("--steady", type=float, default=20.0)
     p.add_argument("--grid-rounds", type=int, default=2,
                    help="each grid setting measured this many times, in interleaved rounds (their mean)")
+    p.add_argument("--tune-rounds", type=int, default=2,
+                   help="each job tuned this many times, a run in each round (their mean is the job's)")
     p.add_argument("--json")
     args = p.parse_args()
     args.work_per_ms = calibrate()
@@ -102,26 +105,34 @@ def main() -> int:
         # Rounds, not repeats in a row: a drift of the VM touches every setting alike. One
         # reading per setting makes the grid's best the highest of its noise where settings
         # run alike (slow-step's loaders do not matter): a bar no steady rate reaches.
+        # The tuned runs take their turn in the same rounds: one tuned run against the mean of
+        # the grid's readings compared one reading of ±10 % (too-few: 36–46 steps/s at one
+        # setting) with a mean.
         readings: dict[int, list[float]] = {s.workers: [] for s in c.grid}
-        for _ in range(args.grid_rounds):
-            for s in c.grid:
-                readings[s.workers].append(fixed(c, s, args))
+        runs = []
+        for rnd in range(max(args.grid_rounds, args.tune_rounds)):
+            if rnd < args.grid_rounds:
+                for s in c.grid:
+                    readings[s.workers].append(fixed(c, s, args))
+            if rnd < args.tune_rounds:
+                runs.append(tuned(c, args))
         grid = {w: sum(r) / len(r) for w, r in readings.items()}
         best_w = max(grid, key=lambda w: grid[w])
-        runs = [tuned(c, args)] + ([tuned(c, args)] if name == "balanced" else [])
-        row = {"grid": grid, "grid_readings": readings, "best": best_w, "tuned": runs}
+        tuned_mean = sum(r["rate"] for r in runs) / len(runs)
+        row = {"grid": grid, "grid_readings": readings, "best": best_w, "tuned": runs,
+               "tuned_mean": tuned_mean, "of_best": tuned_mean / grid[best_w] if grid[best_w] else None}
         for run in runs:
             run["of_best"] = run["rate"] / grid[best_w] if grid[best_w] else None
             # A rank that waits for another never tries a setting.
             run["waiting_changed"] = any(any(a == "try" for a, _, _ in rk["decisions"])
                                          for rk in run["ranks"] if (rk["reason"] or "").startswith("waits for"))
-        if len(runs) == 2:
+        if name == "balanced" and len(runs) >= 2:
             # The same decisions: actions and settings, rank by rank (the epoch a trial is
             # judged at follows its stretch's noise).
             def said(run):
                 return [[(a, w) for a, _, w in rk["decisions"]] for rk in run["ranks"]]
 
-            row["same_decisions"] = said(runs[0]) == said(runs[1])
+            row["same_decisions"] = all(said(run) == said(runs[0]) for run in runs[1:])
         out[name] = row
         grid_text = " ".join(f"w={w}:{r:.1f}" for w, r in grid.items())
         for run in runs:
@@ -132,6 +143,7 @@ def main() -> int:
                   f" | waiting rank changed: {run['waiting_changed']}", flush=True)
             for rk in run["ranks"]:
                 print(f"    rank {rk['rank']}: {rk['decisions']}", flush=True)
+        print(f"    {name}: tuned runs' mean {tuned_mean:.1f} steps/s = {row['of_best']:.2f} of w={best_w}", flush=True)
         if "same_decisions" in row:
             print(f"    balanced runs made the same decisions: {row['same_decisions']}", flush=True)
     if args.json:
