@@ -19,6 +19,7 @@ from loadertop.autotune.policy import Stretch, with_workers
 from loadertop.autotune.propose import propose
 from loadertop.autotune.threads import WorkerThreads, user_worker_init
 from loadertop.model import Decision, Knobs
+from loadertop.rules import plan as P
 from loadertop.rules.measure import measure
 
 
@@ -134,6 +135,36 @@ def test_the_first_move_is_fewer_loop_threads_where_they_take_the_workers_cpus()
 def test_workers_whose_pools_oversubscribe_are_capped_at_one_thread_each():
     moves = propose(stretch(Knobs(2, 2, main_threads=1), pools), persistent=True).moves
     assert (Knobs(2, 2, main_threads=1, worker_threads=1)) in [k for k, _ in moves], moves
+
+
+def queued(worker_cpu: float, cpus_busy: float | None = None):
+    """2 CPU-bound workers that queue for 2 CPUs, the loop on one thread waiting 90 % for them
+    (bench/advice.py's main_threads job after the thread limit); cpus_busy: the CPUs' use,
+    where other processes take what the trainer does not."""
+    def make(t):
+        kw = {"cpus_busy": cpus_busy} if cpus_busy is not None else {}
+        tr = trainer(workers=2, worker_cpu=worker_cpu, wait=0.9, usable=2, cpu_set=(0, 1),
+                     main=process(TRAINER, 15.0, threads=4, busy_threads=1), **kw)
+        workers = tuple(process(w.pid, worker_cpu, worker_id=w.worker_id, runqueue_wait_s_per_s=0.3,
+                                doing="D.__getitem__ (d.py:9)") for w in tr.workers)
+        host_cpu = 93.0 if cpus_busy is None else 100.0
+        return snapshot(t, [type(tr)(**{**vars(tr), "workers": workers})], host(2, cpu=host_cpu))
+    return make
+
+
+def test_workers_that_queue_for_their_own_cpus_get_one_more_tried_while_the_loop_waits_for_them():
+    # The model caps workers that queue for the CPUs; on 2 CPUs one more measured about +10 %
+    # (BENCHMARKS §9): the tuner tries it, and keeps it only if measured faster.
+    own = stretch(Knobs(2, 2, main_threads=1), queued(85.0))
+    assert P.make_plan(own.measured).cause == P.TOO_MANY_WORKERS
+    moves = propose(own, persistent=True).moves
+    assert [k for k, _ in moves] == [Knobs(3, 2, main_threads=1)], moves
+    assert "queue for the CPUs" in moves[0][1]
+    # Where other processes take the CPUs, one more worker would only take a smaller share.
+    shared = stretch(Knobs(2, 2, main_threads=1), queued(40.0, cpus_busy=2.0))
+    assert P.make_plan(shared.measured).cause == P.BUSY_HOST
+    busy = propose(shared, persistent=True).moves
+    assert all(k.num_workers <= 2 for k, _ in busy), busy
 
 
 def test_a_tuner_that_opted_out_has_no_thread_knobs(monkeypatch, torch_threads):

@@ -54,6 +54,17 @@ def propose(stretch: Stretch, persistent: bool) -> Proposal:
         k = with_workers(knobs, up)
         if allowed(k):
             moves.append((k, f"the loop waits {wait:.0%} of the time for data"))
+    elif up is None and wait >= T.DATA_WAIT_CRITICAL and P.workers_queue_for_their_own_cpus(m, plan.cause):
+        # The model caps workers that queue for the CPUs (more would queue longer), yet where
+        # the loop waits this much for them and only the job's own workers take the CPUs,
+        # one more worker measured about +10 % on 2 CPUs (BENCHMARKS §9, main_threads: the
+        # CPUs are shared differently, not more of them used). A trial settles it; never
+        # past a quota, another process or a thread pool, where it is the slow epoch.
+        _, step = neighbours(knobs.num_workers, low, P.workers_the_cpus_run(m, now))
+        k = with_workers(knobs, step) if step is not None else None
+        if k is not None and P.fits(m, Setting(k.num_workers, 0, k.prefetch_factor or 2), batch) is None:
+            moves.append((k, f"the loop waits {wait:.0%} of the time for its workers, which queue for the CPUs: "
+                             f"one more may share them better"))
     t = terms(m)
     if down is not None and _contended(m) and t is not None:
         k = with_workers(knobs, down)

@@ -407,7 +407,18 @@ def most_workers(m: Measured, now: Setting, cause: str) -> int:
     starved of CPU or throttled. /dev/shm and memory are `fits`'s."""
     if cause in OVERSUBSCRIBED or _starved(m):
         return now.num_workers
+    return workers_the_cpus_run(m, now)
+
+
+def workers_the_cpus_run(m: Measured, now: Setting) -> int:
+    """As many workers as the CPUs run, and past the cores for loaders that wait on I/O."""
     return max(now.num_workers, min(T.MAX_WORKERS, math.ceil(T.IO_WORKERS_PER_CPU * max(1.0, m.budget.cpus))))
+
+
+def workers_queue_for_their_own_cpus(m: Measured, cause: str) -> bool:
+    """The workers queue for the CPUs, and what takes them is the job's own workers: no quota,
+    no other process, no thread pool (the cause names those)."""
+    return cause == TOO_MANY_WORKERS or (cause not in OVERSUBSCRIBED and _starved(m))
 
 
 def _candidates(m: Measured, t: Terms, now: Setting, cause: str) -> list[Setting]:
