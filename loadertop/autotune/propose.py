@@ -61,10 +61,10 @@ def propose(stretch: Stretch, persistent: bool) -> Proposal:
         # CPUs are shared differently, not more of them used). A trial settles it; never
         # past a quota, another process or a thread pool, where it is the slow epoch.
         _, step = neighbours(knobs.num_workers, low, P.workers_the_cpus_run(m, now))
-        k = with_workers(knobs, step) if step is not None else None
-        if k is not None and P.fits(m, Setting(k.num_workers, 0, k.prefetch_factor or 2), batch) is None:
-            moves.append((k, f"the loop waits {wait:.0%} of the time for its workers, which queue for the CPUs: "
-                             f"one more may share them better"))
+        more = with_workers(knobs, step) if step is not None else None
+        if more is not None and P.fits(m, Setting(more.num_workers, 0, more.prefetch_factor or 2), batch) is None:
+            moves.append((more, f"the loop waits {wait:.0%} of the time for its workers, which queue for the CPUs: "
+                                f"one more may share them better"))
     t = terms(m)
     if down is not None and _contended(m) and t is not None:
         k = with_workers(knobs, down)
