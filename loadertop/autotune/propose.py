@@ -35,9 +35,9 @@ def propose(stretch: Stretch, persistent: bool) -> Proposal:
     top = P.most_workers(m, now, plan.cause)
     batch = P.batch_bytes(m)
 
-    def allowed(k: Knobs) -> bool:
+    def allowed(k: Knobs, most: int = top) -> bool:
         setting = Setting(k.num_workers, 0, k.prefetch_factor or 2)
-        return low <= k.num_workers <= top and P.fits(m, setting, batch) is None
+        return low <= k.num_workers <= most and P.fits(m, setting, batch) is None
 
     if (plan.changes_workers and (not plan.thread_change or knobs.main_threads is not None) and plan.gain is not None
             and plan.gain >= MIN_MEASURED_GAIN):
@@ -60,9 +60,9 @@ def propose(stretch: Stretch, persistent: bool) -> Proposal:
         # one more worker measured about +10 % on 2 CPUs (BENCHMARKS §9, main_threads: the
         # CPUs are shared differently, not more of them used). A trial settles it; never
         # past a quota, another process or a thread pool, where it is the slow epoch.
-        _, step = neighbours(knobs.num_workers, low, P.workers_the_cpus_run(m, now))
-        more = with_workers(knobs, step) if step is not None else None
-        if more is not None and P.fits(m, Setting(more.num_workers, 0, more.prefetch_factor or 2), batch) is None:
+        most = P.workers_the_cpus_run(m, now)
+        _, step = neighbours(knobs.num_workers, low, most)
+        if step is not None and allowed(more := with_workers(knobs, step), most):
             moves.append((more, f"the loop waits {wait:.0%} of the time for its workers, which queue for the CPUs: "
                                 f"one more may share them better"))
     t = terms(m)
