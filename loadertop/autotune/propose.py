@@ -1,10 +1,11 @@
 """Where the in-place tuner looks next, from the kept setting's measurement (pure): with
 thread tuning, fewer threads where they oversubscribe the CPUs (the loop's torch threads where
 they take the CPUs its workers need, the workers' pools where they do); the plan's setting
-(the throughput model, rules/plan.py); then the neighbours in worker count that the
-measurement makes plausible: more workers only while the loop waits for data as the field
-calls input-bound, fewer only while the trainer's CPUs are contended and fewer workers would
-still keep up. One knob per move: the Explorer keeps only what measures faster."""
+(the throughput model, rules/plan.py; its worker count rounded up to a power of two where the
+model predicts that no slower, so noise in one reading does not change the trial); then the
+neighbours in worker count that the measurement makes plausible: more workers only while the
+loop waits for data as the field calls input-bound, fewer only while the trainer's CPUs are
+contended and fewer workers would still keep up. One knob per move: the Explorer keeps only what measures faster."""
 
 from __future__ import annotations
 
@@ -44,8 +45,13 @@ def propose(stretch: Stretch, persistent: bool) -> Proposal:
         suggested = with_workers(knobs, plan.chosen.num_workers)
         if plan.chosen.num_workers:
             suggested = replace(suggested, prefetch_factor=plan.chosen.prefetch_factor)
+        gain = plan.gain
+        if suggested.num_workers > knobs.num_workers and (coarse := _on_the_coarse_ladder(m, plan, top)):
+            rounded = replace(suggested, num_workers=coarse[0])
+            if allowed(rounded):
+                suggested, gain = rounded, coarse[1]
         if allowed(suggested) and (suggested.num_workers > 0 or not persistent):
-            moves.append((suggested, f"the model predicts {plan.gain:+.0%} steps/s"))
+            moves.append((suggested, f"the model predicts {gain:+.0%} steps/s"))
     down, up = neighbours(knobs.num_workers, low, top)
     wait = m.wait or 0.0
     # More workers only while the loop waits as the field calls input-bound (a few % is
@@ -76,6 +82,27 @@ def propose(stretch: Stretch, persistent: bool) -> Proposal:
     if wait < T.DATA_WAIT_WARNING:  # the loop hardly waits: fewer is the likelier gain
         moves.sort(key=lambda mv: mv[0].num_workers > knobs.num_workers)
     return Proposal(moves=tuple(moves))
+
+
+def _on_the_coarse_ladder(m: Measured, plan: P.Plan, top: int) -> tuple[int, float] | None:
+    """The plan's worker count rounded up to a power of two (within top), and its predicted
+    gain, where the model predicts it no slower: None where it stays.
+
+    The plan's count is the cheapest within T.TOLERANCE of the best, so an estimate at a band's
+    edge reads one count in one run and the next in another (the balanced ranks' 3.5 workers
+    read 3, then 4: BENCHMARKS §10). Powers of two put one edge per doubling, not one per count.
+    Only up, within the cap, and only where the extra workers fit: for a loader that waits on
+    I/O they cost memory, not speed, and a trial keeps them only if it measures faster."""
+    n = plan.chosen.num_workers
+    up = min(top, 1 << (n - 1).bit_length()) if n > 1 else n
+    t = terms(m)
+    if up <= n or t is None:
+        return None
+    current = predict(t, plan.now)
+    chosen, rounded = predict(t, plan.chosen), predict(t, replace(plan.chosen, num_workers=up))
+    if rounded.relative(current) < chosen.relative(current):  # more would queue for the CPUs
+        return None
+    return up, rounded.gain_over(current)
 
 
 def _thread_moves(m: Measured, knobs: Knobs, plan: P.Plan) -> list[tuple[Knobs, str]]:
