@@ -392,6 +392,22 @@ def test_balanced_ranks_change_together_from_the_leaders_decisions(tmp_path, qui
     assert "keep" in [d.action for d in tuners[0].decisions]
 
 
+def test_the_leader_plans_with_the_jobs_data_wait_whichever_rank_shows_it(tmp_path, quiet_host):
+    # In lockstep the rank whose loader is a little behind shows the job's data wait; the other
+    # waits for it in the sync instead. The leader's first trial must not depend on which
+    # rank that is (BENCHMARKS §10: the leader's own wait read 0.54-0.70 run to run).
+    def first_try(slow_rank):
+        tuners = ranked_tuners(tmp_path / f"slow{slow_rank}")
+        (tmp_path / f"slow{slow_rank}").mkdir()
+        loaders = [Loader(workers=1), Loader(workers=1)]
+        lockstep(tuners, loaders, 4, lambda r, n: ((0.08 if r == slow_rank else 0.07) / min(n, 16), 0.01))
+        tries = [d for d in tuners[0].decisions if d.action == "try"]
+        assert tuners[0].role.role == "leader" and tries, tuners[0].decisions
+        return tries[0].new, tries[0].epoch
+
+    assert first_try(0) == first_try(1)
+
+
 def test_ranks_that_cannot_coordinate_tune_alone_after_one_warning(tmp_path):
     class Broken:
         def write(self, entry):

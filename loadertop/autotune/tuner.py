@@ -112,6 +112,7 @@ class Tuner:
         self.role = R.Decision("alone")
         self.roles = R.Roles()
         self.plan: tuple[int, Knobs] | None = None  # a leader's change: from this epoch, every rank
+        self.stretch_epoch = 0  # the epoch the stretch began in (a leader reads its peers' waits over it)
         self.last_wait: float | None = None
         self.board_for = R.board_for
         self.until_boundary = False  # nothing is measured until the next epoch boundary
@@ -381,6 +382,7 @@ class Tuner:
         return noise <= max(abs(gain), MIN_MEASURED_GAIN) or seconds >= kept.seconds
 
     def _start_stretch(self) -> None:
+        self.stretch_epoch = self.epoch
         self.durations = []
         self.wait_ns = 0
         self.readings = []
@@ -419,7 +421,11 @@ class Tuner:
         knobs = explorer.current
         seconds = sum(self.durations)
         config = self.config()
-        measured = M.measured(self.me, first, last, wait=min(1.0, self.wait_ns / 1e9 / seconds),
+        own_wait = min(1.0, self.wait_ns / 1e9 / seconds)
+        job_wait = self._job_wait(own_wait, seconds)
+        if job_wait is None:
+            return  # a peer's wait over this stretch is not on the board yet: the stretch goes on
+        measured = M.measured(self.me, first, last, wait=job_wait,
                               num_workers=knobs.num_workers, prefetch_factor=knobs.prefetch_factor, config=config)
         stretch = Stretch(knobs, len(self.durations), seconds, self.wait_ns / 1e9, chunk_rates(self.durations),
                           measured=measured)
@@ -501,6 +507,29 @@ class Tuner:
                 self.explorer = Explorer(self.ran)
                 self.plan = None
         return role
+
+    def _job_wait(self, own: float, seconds: float) -> float | None:
+        """The data wait a leader plans with: the longest of its balanced ranks' over its
+        stretch. In lockstep the rank whose loader is a little behind shows the job's wait for
+        data, and the others show part of it as waiting for that rank in the gradient sync:
+        one rank's own reading moved 0.54-0.70 run to run of one job, and its plan 2-4 workers
+        (BENCHMARKS §10). Balanced peers: within RANK_GAP, as the roles count them. None until
+        every peer's wait over the stretch is on the board (a peer in lockstep writes it at the
+        boundary beside this one), for MAX_STRETCH_S at most."""
+        if self.role.role != "leader" or self.peers is None:
+            return own
+        try:
+            peers = self.peers.others()
+        except Exception as e:
+            self._alone(e)
+            return own
+        # An entry's wait is the epoch before the one it was written at.
+        waits = [p.wait for p in peers if p.wait is not None and p.epoch - 1 >= self.stretch_epoch]
+        if len(waits) < len(peers) and seconds < MAX_STRETCH_S:
+            return None
+        # Balanced peers only: one a gap above is a straggler this rank waits for (its role
+        # is held back one boundary by Roles' hysteresis), whose loader is not this one's.
+        return max([own, *(w for w in waits if w - own < RANK_GAP)])
 
     def _epoch_wait(self) -> float | None:
         """The last epoch's data wait, then a new epoch's count begins."""
