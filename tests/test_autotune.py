@@ -458,6 +458,27 @@ def test_a_role_is_taken_once_the_gap_held_twice_and_given_up_below_half_of_it()
     assert seen == ["leader", "leader", "leader", "leader", "waiting", "waiting", "leader"]
 
 
+def test_a_settled_tuner_reads_the_workers_that_run_not_the_ones_its_trial_sent_away(quiet_host):
+    # Workers that start afresh after it settled (every epoch here; the kept setting's after a
+    # trial's went back, in the starved demo): a settled tuner that kept reading the gone ones
+    # read the trainer's own CPU as low and the host as busy, and explored again at every look.
+    t, _ = make_tuner()
+    loader = Loader(workers=2)
+    started = [0]
+    t.workers_of = lambda iterator: [1000 + 10 * started[0] + i for i in range(loader.num_workers)]
+    boundary = t.boundary
+
+    def new_workers(loader_):
+        started[0] += 1  # workers that do not persist: each epoch starts its own
+        boundary(loader_)
+
+    t.boundary = new_workers
+    # The loop does not wait: a trial of fewer workers would be the likelier gain; it settles.
+    drive(t, loader, 8, lambda n: 0.05)
+    assert t.state == "settled", t.decisions
+    assert t.worker_pids == t.workers_of(None)
+
+
 def test_a_settled_tuner_looks_again_when_the_conditions_it_settled_under_change(quiet_host):
     # Issue 35: on a busy host it settled after epoch 1 with no trial, and never looked again
     # when the load fell. Here the loop hardly waited when it settled; then its items got slower.

@@ -1,8 +1,8 @@
 """Where the in-place tuner looks next, from the kept setting's measurement (pure): with
 thread tuning, fewer threads where they oversubscribe the CPUs (the loop's torch threads where
 they take the CPUs its workers need, the workers' pools where they do); the plan's setting
-(the throughput model, rules/plan.py; its worker count rounded up to a power of two where the
-model predicts that no slower, so noise in one reading does not change the trial); then the
+(the throughput model, rules/plan.py; for workers that wait on I/O, its worker count rounded up
+to a power of two, so noise in one reading does not change the trial); then the
 neighbours in worker count that the measurement makes plausible: more workers only while the
 loop waits for data as the field calls input-bound, fewer only while the trainer's CPUs are
 contended and fewer workers would still keep up. One knob per move: the Explorer keeps only what measures faster."""
@@ -86,13 +86,14 @@ def propose(stretch: Stretch, persistent: bool) -> Proposal:
 
 def _on_the_coarse_ladder(m: Measured, plan: P.Plan, top: int) -> tuple[int, float] | None:
     """The plan's worker count rounded up to a power of two (within top), and its predicted
-    gain, where the model predicts it no slower: None where it stays.
+    gain, where the model predicts it no slower and not held by the CPUs: None where it stays.
 
     The plan's count is the cheapest within T.TOLERANCE of the best, so an estimate at a band's
     edge reads one count in one run and the next in another (the balanced ranks' 3.5 workers
     read 3, then 4: BENCHMARKS §10). Powers of two put one edge per doubling, not one per count.
-    Only up, within the cap, and only where the extra workers fit: for a loader that waits on
-    I/O they cost memory, not speed, and a trial keeps them only if it measures faster."""
+    Only up, within the cap, only for workers that wait (on I/O, a latency: not held by the
+    CPUs), and only where the extra workers fit: there they cost memory, not speed, and a trial
+    keeps them only if it measures faster."""
     n = plan.chosen.num_workers
     up = min(top, 1 << (n - 1).bit_length()) if n > 1 else n
     t = terms(m)
@@ -100,8 +101,8 @@ def _on_the_coarse_ladder(m: Measured, plan: P.Plan, top: int) -> tuple[int, flo
         return None
     current = predict(t, plan.now)
     chosen, rounded = predict(t, plan.chosen), predict(t, replace(plan.chosen, num_workers=up))
-    if rounded.relative(current) < chosen.relative(current):  # more would queue for the CPUs
-        return None
+    if rounded.bound == "cpus" or rounded.relative(current) < chosen.relative(current):
+        return None  # the CPUs hold it there: more workers would only queue for them
     return up, rounded.gain_over(current)
 
 

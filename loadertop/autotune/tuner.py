@@ -225,6 +225,11 @@ class Tuner:
         self.loader = loader
         self.epoch_last_ns = self.clock()
         if self.idle:
+            # Settled: its look-again reads the workers that run now (settling on a setting it
+            # went back to starts that setting's workers afresh). With the trial's, gone, the
+            # trainer's own CPU read low and the host busy: the starved demo read "CPUs 2.0 ->
+            # 0.2" at every look and explored again and again.
+            self.find_workers = self.state == "settled"
             return
         self.last_ns = self.clock()
         self.find_workers = True
@@ -243,6 +248,9 @@ class Tuner:
             self.epoch_batches += 1
             self.epoch_last_ns = now_ns
         if self.idle:
+            if self.find_workers:
+                with self._timed(), self._guarded():
+                    self._look_up_workers(None)
             return False
         last, self.last_ns = self.last_ns, now_ns
         if self.until_boundary:
@@ -344,7 +352,11 @@ class Tuner:
         changed = []
         if abs(self.last_wait - wait) >= LOOK_AGAIN_WAIT and self.last_wait >= T.DATA_WAIT_WARNING:
             changed.append(f"data wait {wait:.0%} -> {self.last_wait:.0%}")
-        if abs(m.budget.cpus - cpus) >= LOOK_AGAIN_CPUS:
+        # The CPUs only over every worker of the setting, read at both looks: where some are
+        # missing (workers that start every epoch are gone at its boundary) the trainer's own
+        # use reads low and the host busy (the starved demo read "CPUs 2.0 -> 0.2" that way).
+        whole = set(before.workers) == set(reading.workers) and len(reading.workers) == knobs.num_workers
+        if whole and abs(m.budget.cpus - cpus) >= LOOK_AGAIN_CPUS:
             changed.append(f"CPUs it may use {cpus:.1f} -> {m.budget.cpus:.1f}")
         # Held at two boundaries in a row: one epoch's reading of a busy host is noise.
         self.changed_epochs = self.changed_epochs + 1 if changed else 0
