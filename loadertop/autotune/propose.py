@@ -86,23 +86,23 @@ def propose(stretch: Stretch, persistent: bool) -> Proposal:
 
 def _on_the_coarse_ladder(m: Measured, plan: P.Plan, top: int) -> tuple[int, float] | None:
     """The plan's worker count rounded up to a power of two (within top), and its predicted
-    gain, where the model predicts it no slower and not held by the CPUs: None where it stays.
+    gain, for workers that wait on I/O where the model predicts it no slower: None where it stays.
 
     The plan's count is the cheapest within T.TOLERANCE of the best, so an estimate at a band's
     edge reads one count in one run and the next in another (the balanced ranks' 3.5 workers
     read 3, then 4: BENCHMARKS §10). Powers of two put one edge per doubling, not one per count.
-    Only up, within the cap, only for workers that wait (on I/O, a latency: not held by the
-    CPUs), and only where the extra workers fit: there they cost memory, not speed, and a trial
-    keeps them only if it measures faster."""
+    Only up, within the cap, only for workers that wait on I/O (the plan's cause), and only
+    where the extra workers fit: there they cost memory, not speed, and a trial keeps them only
+    if it measures faster."""
     n = plan.chosen.num_workers
     up = min(top, 1 << (n - 1).bit_length()) if n > 1 else n
     t = terms(m)
-    if up <= n or t is None:
-        return None
+    if up <= n or t is None or plan.cause != P.LOADER_IO:
+        return None  # workers that compute would only queue for the CPUs
     current = predict(t, plan.now)
     chosen, rounded = predict(t, plan.chosen), predict(t, replace(plan.chosen, num_workers=up))
-    if rounded.bound == "cpus" or rounded.relative(current) < chosen.relative(current):
-        return None  # the CPUs hold it there: more workers would only queue for them
+    if rounded.relative(current) < chosen.relative(current):
+        return None
     return up, rounded.gain_over(current)
 
 
