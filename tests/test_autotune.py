@@ -462,6 +462,10 @@ def test_a_rank_role_from_its_peers_entries():
     assert role_of(0, 0.05, 3, [peer]).peer == 1
     assert role_of(1, 0.8, 3, [Entry(0, 3, 0.05, one)]).role == "straggler"
     assert role_of(0, 0.5, 3, [Entry(1, 3, 0.45, one)]).role == "leader"
+    # Balanced ranks' waits split in lockstep (0.70 beside 0.55 for epochs on end): 15 points
+    # apart, yet the lower one waits for its own loader too.
+    assert role_of(0, 0.55, 3, [Entry(1, 3, 0.70, one)]).role == "leader"
+    assert role_of(1, 0.70, 3, [Entry(0, 3, 0.55, one)]).role == "follower"
     leader = Entry(0, 3, 0.5, one, plan_from=4, plan=Knobs(2, 2))
     assert role_of(1, 0.45, 3, [leader]).follow == one  # the change starts at epoch 4, on every rank
     assert role_of(1, 0.45, 4, [leader]).follow == Knobs(2, 2)

@@ -5,10 +5,11 @@ nothing while another rank holds the job back, and balanced ranks that each try 
 turn revert each other's gains. So at each epoch boundary a rank reads its peers' latest data
 wait from a board the job already has, and takes a role (docs/RULES.md, "tune on every rank"):
 
-- waiting: a peer's data wait stands RANK_GAP above its own (it waits for that rank in the
-  gradient sync): it does not explore; its setting stays;
-- straggler: its own data wait stands RANK_GAP above every peer's: it explores alone, as long
-  as that lasts;
+- waiting: a peer's data wait stands RANK_GAP above its own, and its own is at most
+  STRAGGLER_SHARE of that (it waits for that rank in the gradient sync): it does not explore;
+  its setting stays;
+- straggler: its own data wait stands so above every peer's: it explores alone, as long as
+  that lasts;
 - leader (balanced ranks, the lowest rank): it explores, and a change it decides at epoch e is
   published for epoch e+1 and made then, on every rank at once;
 - follower (balanced ranks, the others): it runs the leader's setting, from the epoch the
@@ -33,6 +34,11 @@ from ..files import own_folder
 from ..model import Knobs
 from ..rules.thresholds import RANK_GAP  # data waits this far apart are not noise: the monitor's
 
+# A straggler's peers wait for data at most this share of what it does. In lockstep the ranks'
+# waits split: balanced ranks on one slow-ish worker each read 0.70 and 0.55 for epochs on end
+# (the one whose worker is a little behind shows the job's wait, the other part of it as sync
+# wait), a gap of 15 points; a rank that waits for a slow shard reads near 0 beside its 0.8.
+STRAGGLER_SHARE = 0.5
 FRESH_S = 600.0  # a peer's entry older than this is gone (the rank ended, or stopped tuning)
 MAX_STORE_RANKS = 64  # past this many ranks the store is not read key by key: the node's files are
 
@@ -92,17 +98,20 @@ class Decision:
     follow: Knobs | None = None  # a follower's setting for this epoch
 
 
-def role_of(me: int, wait: float | None, epoch: int, peers: list[Entry], gap: float = RANK_GAP) -> Decision:
+def role_of(me: int, wait: float | None, epoch: int, peers: list[Entry], gap: float = RANK_GAP,
+            share: float = STRAGGLER_SHARE) -> Decision:
     """This rank's role from its peers' entries (pure); `gap`: the data waits apart that
-    make a straggler (the tuner holds a role with hysteresis: Roles)."""
+    make a straggler, `share`: the most of its wait the others may show (the tuner holds a
+    role with hysteresis: Roles)."""
     if not peers:
         return Decision("alone")
     waits = [p for p in peers if p.wait is not None]
     if wait is not None and waits:
         slowest = max(waits, key=lambda p: p.wait or 0.0)
-        if (slowest.wait or 0.0) - wait >= gap:
+        most = slowest.wait or 0.0
+        if most - wait >= gap and wait <= share * most:
             return Decision("waiting", slowest.rank)
-        if wait - (slowest.wait or 0.0) >= gap:
+        if wait - most >= gap and most <= share * wait:
             return Decision("straggler")
     leader = min(peers, key=lambda p: p.rank)
     if me < leader.rank:
@@ -113,8 +122,8 @@ def role_of(me: int, wait: float | None, epoch: int, peers: list[Entry], gap: fl
 
 
 class Roles:
-    """A rank's role with hysteresis: waiting or straggler once the gap held at two
-    boundaries in a row, and given up once it fell below half the gap. One epoch's data wait
+    """A rank's role with hysteresis: waiting or straggler once the gap (and the share)
+    held at two boundaries in a row, and given up once it fell below half the gap. One epoch's data wait
     is noisy; a role that flips would start trials no one judges."""
 
     def __init__(self) -> None:
@@ -133,7 +142,7 @@ class Roles:
             return self.role
         self.pending = None
         if held:
-            kept = role_of(me, wait, epoch, peers, gap=RANK_GAP / 2)
+            kept = role_of(me, wait, epoch, peers, gap=RANK_GAP / 2, share=1.0)
             if kept.role == self.role.role:
                 self.role = kept
                 return kept
