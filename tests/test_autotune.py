@@ -392,15 +392,17 @@ def test_balanced_ranks_change_together_from_the_leaders_decisions(tmp_path, qui
     assert "keep" in [d.action for d in tuners[0].decisions]
 
 
-def test_the_leader_plans_with_the_jobs_data_wait_whichever_rank_shows_it(tmp_path, quiet_host):
+@pytest.mark.parametrize("faster", [0.07, 0.05])
+def test_the_leader_plans_with_the_jobs_data_wait_whichever_rank_shows_it(tmp_path, quiet_host, faster):
     # In lockstep the rank whose loader is a little behind shows the job's data wait; the other
     # waits for it in the sync instead. The leader's first trial must not depend on which
-    # rank that is (BENCHMARKS §10: the leader's own wait read 0.54-0.70 run to run).
+    # rank that is (BENCHMARKS §10: the leader's own wait read 0.54-0.70 run to run). At 0.05
+    # the waits read 0.89 and 0.56: 33 points apart, yet balanced (more than half of it).
     def first_try(slow_rank):
         tuners = ranked_tuners(tmp_path / f"slow{slow_rank}")
         (tmp_path / f"slow{slow_rank}").mkdir()
         loaders = [Loader(workers=1), Loader(workers=1)]
-        lockstep(tuners, loaders, 4, lambda r, n: ((0.08 if r == slow_rank else 0.07) / min(n, 16), 0.01))
+        lockstep(tuners, loaders, 5, lambda r, n: ((0.08 if r == slow_rank else faster) / min(n, 16), 0.01))
         tries = [d for d in tuners[0].decisions if d.action == "try"]
         assert tuners[0].role.role == "leader" and tries, tuners[0].decisions
         return tries[0].new, tries[0].epoch

@@ -533,7 +533,7 @@ class Tuner:
         stretch. In lockstep the rank whose loader is a little behind shows the job's wait for
         data, and the others show part of it as waiting for that rank in the gradient sync:
         one rank's own reading moved 0.54-0.70 run to run of one job, and its plan 2-4 workers
-        (BENCHMARKS §10). Balanced peers: within RANK_GAP, as the roles count them. None until
+        (BENCHMARKS §10). Balanced peers: as the roles count them. None until
         every peer's wait over the stretch is on the board (a peer in lockstep writes it at the
         boundary beside this one), for MAX_STRETCH_S at most."""
         if self.role.role != "leader" or self.peers is None:
@@ -547,9 +547,9 @@ class Tuner:
         waits = [p.wait for p in peers if p.wait is not None and p.epoch - 1 >= self.stretch_epoch]
         if len(waits) < len(peers) and seconds < MAX_STRETCH_S:
             return None
-        # Balanced peers only: one a gap above is a straggler this rank waits for (its role
-        # is held back one boundary by Roles' hysteresis), whose loader is not this one's.
-        return max([own, *(w for w in waits if w - own < RANK_GAP)])
+        # Balanced peers only: not one this rank waits for by the roles' rule (R.role_of; its
+        # role is held back a boundary by their hysteresis), whose loader is not this one's.
+        return max([own, *(w for w in waits if w - own < RANK_GAP or own > R.STRAGGLER_SHARE * w)])
 
     def _epoch_wait(self) -> float | None:
         """The last epoch's data wait, then a new epoch's count begins."""
