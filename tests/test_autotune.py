@@ -433,6 +433,15 @@ def test_ranks_that_start_apart_are_measured_from_their_second_epoch(tmp_path, q
     assert run(apart=True) == run(apart=False)
 
 
+def test_ranks_whose_first_epoch_is_long_are_measured_from_it(tmp_path, quiet_host):
+    # A long first epoch dilutes the ranks' start: an epoch of an hour is not waited out.
+    tuners = ranked_tuners(tmp_path)
+    loaders = [Loader(workers=1), Loader(workers=1)]
+    lockstep(tuners, loaders, 3, lambda r, n: (0.08 / min(n, 16), 0.01), batches=400)  # epochs of 36 s
+    tries = [d.epoch for d in tuners[0].decisions if d.action == "try"]
+    assert tries and tries[0] == 2, tuners[0].decisions
+
+
 def test_ranks_that_cannot_coordinate_tune_alone_after_one_warning(tmp_path):
     class Broken:
         def write(self, entry):

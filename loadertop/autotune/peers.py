@@ -123,8 +123,8 @@ def role_of(me: int, wait: float | None, epoch: int, peers: list[Entry], gap: fl
 
 class Roles:
     """A rank's role with hysteresis: waiting or straggler once the gap (and the share)
-    held at two boundaries in a row, and given up once it fell below half the gap. One epoch's data wait
-    is noisy; a role that flips would start trials no one judges."""
+    held at two boundaries in a row, and given up once it fell below half the gap. One epoch's
+    data wait is noisy; a role that flips would start trials no one judges."""
 
     def __init__(self) -> None:
         self.role = Decision("alone")

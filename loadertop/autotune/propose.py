@@ -2,10 +2,11 @@
 thread tuning, fewer threads where they oversubscribe the CPUs (the loop's torch threads where
 they take the CPUs its workers need, the workers' pools where they do); the plan's setting
 (the throughput model, rules/plan.py; for workers that wait on I/O, its worker count rounded up
-to a power of two, so noise in one reading does not change the trial); then the
-neighbours in worker count that the measurement makes plausible: more workers only while the
-loop waits for data as the field calls input-bound, fewer only while the trainer's CPUs are
-contended and fewer workers would still keep up. One knob per move: the Explorer keeps only what measures faster."""
+to a power of two, so noise in one reading does not change the trial); then the neighbours in
+worker count that the measurement makes plausible: more workers only while the loop waits for
+data as the field calls input-bound, fewer only while the trainer's CPUs are contended and
+fewer workers would still keep up. One knob per move: the Explorer keeps only what measures
+faster."""
 
 from __future__ import annotations
 

@@ -119,6 +119,7 @@ class Tuner:
         # This epoch's data wait, kept with peers only (the ranks compare it at the boundary).
         self.epoch_last_ns: int | None = None
         self.epoch_s = self.epoch_wait_s = 0.0
+        self.last_epoch_s = 0.0  # the last epoch's length (a short first one is not compared)
         self.epoch_batches = 0
         self.settled_under: tuple[float, float] | None = None  # (data wait, CPUs it may use) when it settled
         self.watch_reading: M.Reading | None = None
@@ -433,10 +434,11 @@ class Tuner:
         knobs = explorer.current
         seconds = sum(self.durations)
         config = self.config()
-        if self.peers is not None and self.stretch_epoch < 2:
-            # Ranks start apart: over the first epoch one rank waits in the sync for another's
-            # start, not for data (a leader read 0.20 there and 0.67 over the next epoch, and
-            # its peer 0.71 and 0.69). Measured from the second epoch on.
+        if self.peers is not None and self.stretch_epoch < 2 and seconds < MAX_STRETCH_S:
+            # Ranks start apart: over a short first epoch one rank waits in the sync for
+            # another's start, not for data (a leader read 0.20 there and 0.67 over the next
+            # epoch, its peer 0.71 and 0.69). Measured from the second epoch on; a long one
+            # dilutes the start and is measured (an epoch of an hour is not waited out).
             self._start_stretch()
             return
         own_wait = min(1.0, self.wait_ns / 1e9 / seconds)
@@ -513,8 +515,8 @@ class Tuner:
                 self._alone(e)
         if self.peers is None:
             return R.Decision("alone")
-        if self.epoch <= 2:
-            self.last_wait = None  # the first epoch's: the ranks started apart (_decide)
+        if self.epoch <= 2 and self.last_epoch_s < MAX_STRETCH_S:
+            self.last_wait = None  # a short first epoch's: the ranks started apart (_decide)
         try:
             role = self.roles.next(self.peers.rank, self.last_wait, self.epoch, self.peers.others())
         except Exception as e:
@@ -533,9 +535,9 @@ class Tuner:
         stretch. In lockstep the rank whose loader is a little behind shows the job's wait for
         data, and the others show part of it as waiting for that rank in the gradient sync:
         one rank's own reading moved 0.54-0.70 run to run of one job, and its plan 2-4 workers
-        (BENCHMARKS §10). Balanced peers: as the roles count them. None until
-        every peer's wait over the stretch is on the board (a peer in lockstep writes it at the
-        boundary beside this one), for MAX_STRETCH_S at most."""
+        (BENCHMARKS §10). Balanced peers: as the roles count them. None until every peer's wait
+        over the stretch is on the board (a peer in lockstep writes it at the boundary beside
+        this one), for MAX_STRETCH_S at most."""
         if self.role.role != "leader" or self.peers is None:
             return own
         try:
@@ -554,6 +556,7 @@ class Tuner:
     def _epoch_wait(self) -> float | None:
         """The last epoch's data wait, then a new epoch's count begins."""
         seconds, waited, batches = self.epoch_s, self.epoch_wait_s, self.epoch_batches
+        self.last_epoch_s = seconds
         self.epoch_s = self.epoch_wait_s = 0.0
         self.epoch_batches = 0
         return min(1.0, waited / seconds) if seconds > 0 and batches >= 8 else None
