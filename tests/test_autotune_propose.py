@@ -48,8 +48,8 @@ def test_a_model_estimate_within_its_noise_gives_the_same_first_trial():
 
 
 def test_workers_that_would_queue_for_the_cpus_keep_the_models_count():
-    # Busy workers on 2 CPUs: the model predicts 4 no faster than 3, and CPU-bound ones stay at
-    # the model's 2, so the rounding never adds workers that queue.
+    # Workers that compute as well as wait (cause `loader`) and CPU-bound ones on 2 CPUs keep
+    # the model's 3 and 2: the rounding never adds workers that would queue for the CPUs.
     busy = one_worker(0.70, 60.0)
     assert P.make_plan(busy.measured).chosen.num_workers == 3
     assert first_move(busy) == 3

@@ -98,6 +98,12 @@ class Decision:
     follow: Knobs | None = None  # a follower's setting for this epoch
 
 
+def waits_for(mine: float, theirs: float, gap: float = RANK_GAP, share: float = STRAGGLER_SHARE) -> bool:
+    """A rank whose data wait is `mine` waits for one whose wait is `theirs` (in the sync):
+    theirs stands `gap` above, and mine is at most `share` of it."""
+    return theirs - mine >= gap and mine <= share * theirs
+
+
 def role_of(me: int, wait: float | None, epoch: int, peers: list[Entry], gap: float = RANK_GAP,
             share: float = STRAGGLER_SHARE) -> Decision:
     """This rank's role from its peers' entries (pure); `gap`: the data waits apart that
@@ -109,9 +115,9 @@ def role_of(me: int, wait: float | None, epoch: int, peers: list[Entry], gap: fl
     if wait is not None and waits:
         slowest = max(waits, key=lambda p: p.wait or 0.0)
         most = slowest.wait or 0.0
-        if most - wait >= gap and wait <= share * most:
+        if waits_for(wait, most, gap, share):
             return Decision("waiting", slowest.rank)
-        if wait - most >= gap and most <= share * wait:
+        if waits_for(most, wait, gap, share):
             return Decision("straggler")
     leader = min(peers, key=lambda p: p.rank)
     if me < leader.rank:

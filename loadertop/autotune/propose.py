@@ -16,7 +16,7 @@ from ..model import Knobs
 from ..rules import plan as P
 from ..rules import thresholds as T
 from ..rules.measure import Measured
-from ..rules.throughput import Setting, predict, terms
+from ..rules.throughput import Setting, Terms, predict, terms
 from .policy import MIN_MEASURED_GAIN, Proposal, Stretch, neighbours, with_workers
 
 # Run-queue wait of the loop's busy threads, seconds per second, from which its CPUs count as
@@ -36,6 +36,7 @@ def propose(stretch: Stretch, persistent: bool) -> Proposal:
     low = 1 if knobs.num_workers > 0 else 0
     top = P.most_workers(m, now, plan.cause)
     batch = P.batch_bytes(m)
+    t = terms(m)
 
     def allowed(k: Knobs, most: int = top) -> bool:
         setting = Setting(k.num_workers, 0, k.prefetch_factor or 2)
@@ -47,7 +48,7 @@ def propose(stretch: Stretch, persistent: bool) -> Proposal:
         if plan.chosen.num_workers:
             suggested = replace(suggested, prefetch_factor=plan.chosen.prefetch_factor)
         gain = plan.gain
-        if suggested.num_workers > knobs.num_workers and (coarse := _on_the_coarse_ladder(m, plan, top)):
+        if suggested.num_workers > knobs.num_workers and (coarse := _on_the_coarse_ladder(t, plan, top)):
             rounded = replace(suggested, num_workers=coarse[0])
             if allowed(rounded):
                 suggested, gain = rounded, coarse[1]
@@ -72,7 +73,6 @@ def propose(stretch: Stretch, persistent: bool) -> Proposal:
         if step is not None and allowed(more := with_workers(knobs, step), most):
             moves.append((more, f"the loop waits {wait:.0%} of the time for its workers, which queue for the CPUs: "
                                 f"one more may share them better"))
-    t = terms(m)
     if down is not None and _contended(m) and t is not None:
         k = with_workers(knobs, down)
         # Only where fewer still keep up: a loop that would wait for them gains nothing.
@@ -85,7 +85,7 @@ def propose(stretch: Stretch, persistent: bool) -> Proposal:
     return Proposal(moves=tuple(moves))
 
 
-def _on_the_coarse_ladder(m: Measured, plan: P.Plan, top: int) -> tuple[int, float] | None:
+def _on_the_coarse_ladder(t: Terms | None, plan: P.Plan, top: int) -> tuple[int, float] | None:
     """The plan's worker count rounded up to a power of two (within top), and its predicted
     gain, for workers that wait on I/O where the model predicts it no slower: None where it stays.
 
@@ -97,7 +97,6 @@ def _on_the_coarse_ladder(m: Measured, plan: P.Plan, top: int) -> tuple[int, flo
     if it measures faster."""
     n = plan.chosen.num_workers
     up = min(top, 1 << (n - 1).bit_length()) if n > 1 else n
-    t = terms(m)
     if up <= n or t is None or plan.cause != P.LOADER_IO:
         return None  # workers that compute would only queue for the CPUs
     current = predict(t, plan.now)

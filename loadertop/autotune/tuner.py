@@ -549,9 +549,9 @@ class Tuner:
         waits = [p.wait for p in peers if p.wait is not None and p.epoch - 1 >= self.stretch_epoch]
         if len(waits) < len(peers) and seconds < MAX_STRETCH_S:
             return None
-        # Balanced peers only: not one this rank waits for by the roles' rule (R.role_of; its
-        # role is held back a boundary by their hysteresis), whose loader is not this one's.
-        return max([own, *(w for w in waits if w - own < RANK_GAP or own > R.STRAGGLER_SHARE * w)])
+        # Balanced peers only: not one this rank waits for by the roles' rule (its role is held
+        # back a boundary by their hysteresis), whose loader is not this one's.
+        return max([own, *(w for w in waits if not R.waits_for(own, w))])
 
     def _epoch_wait(self) -> float | None:
         """The last epoch's data wait, then a new epoch's count begins."""
