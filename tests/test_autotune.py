@@ -344,7 +344,7 @@ def quiet_host(monkeypatch):
     lasts, must not decide what a synthetic job's tuner does)."""
     import time
 
-    from loadertop.autotune import readings
+    from loadertop.autotune import peers, readings
     from loadertop.rules.measure import CpuBudget
 
     def read(self, worker_pids):
@@ -357,6 +357,7 @@ def quiet_host(monkeypatch):
 
     monkeypatch.setattr(readings.Self, "budget", budget)
     monkeypatch.setattr(readings.Self, "read", read)
+    monkeypatch.setattr(peers, "usable_cpus", lambda: 8)  # the bounds a follower applies within
 
 
 def ranked_tuners(tmp_path, n=2):
@@ -365,7 +366,7 @@ def ranked_tuners(tmp_path, n=2):
     tuners = []
     for r in range(n):
         t, _ = make_tuner()
-        t.board_for = lambda name, r=r: (R.FileBoard("job-1", name, root=str(tmp_path)), r)
+        t.board_for = lambda name, r=r: (R.FileBoard("job-1", name, n, root=str(tmp_path)), r)
         tuners.append(t)
     return tuners
 
@@ -444,6 +445,8 @@ def test_ranks_whose_first_epoch_is_long_are_measured_from_it(tmp_path, quiet_ho
 
 def test_ranks_that_cannot_coordinate_tune_alone_after_one_warning(tmp_path):
     class Broken:
+        world = 2
+
         def write(self, entry):
             raise OSError(28, "No space left on device")
 
@@ -527,3 +530,38 @@ def test_a_settled_tuner_looks_again_when_the_conditions_it_settled_under_change
     drive(t, loader, 10, lambda n: 0.08 / min(n, 4), wait_share=0.75)
     actions = [d.action for d in t.decisions]
     assert loader.num_workers > 1 and "keep" in actions, t.decisions
+
+
+def test_a_follower_does_not_run_a_leaders_setting_past_its_own_bounds(tmp_path, quiet_host, caplog):
+    # The review's attack, bounded: a fresh "rank 0" entry of a balanced leader whose plan is
+    # 64 workers and 64 threads. The tuner's bounds admit the entry (a big node could run it);
+    # this rank's own plan could not give it, so it keeps its setting and says why once.
+    import json
+    import logging
+    import time
+
+    from loadertop.autotune import peers as R
+
+    board = R.FileBoard("job-1", "train", 2, root=str(tmp_path))
+    t, _ = make_tuner()
+    t.board_for = lambda name: (board, 1)
+    loader = Loader(workers=1)
+
+    def leader(boundary):
+        def at_boundary(loader_):
+            hostile = R.Entry(0, t.epoch + 1, 0.5, Knobs(1, 2), plan_from=0,
+                              plan=Knobs(64, 2, main_threads=64, worker_threads=64), at=time.time())
+            with open(f"{board.folder}/{board.prefix}0.json", "w") as f:
+                f.write(hostile.as_json())
+            boundary(loader_)
+        return at_boundary
+
+    t.boundary = leader(t.boundary)
+    with caplog.at_level(logging.WARNING, logger="loadertop.tune"):
+        seen = drive(t, loader, 6, lambda n: 0.05, wait_share=0.5)
+    assert set(seen) == {1} and t.role.role == "follower", (seen, t.role)
+    assert "past this rank's own bounds" in t.reason
+    said = [r.message for r in caplog.records if "past this rank's own bounds" in r.message]
+    assert len(said) == 1, said
+    with open(f"{board.folder}/{board.prefix}1.json") as f:
+        assert json.load(f)["setting"]["num_workers"] == 1

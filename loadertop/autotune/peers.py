@@ -19,19 +19,34 @@ The board: torch.distributed's store where the job has one (every node; `set`, `
 `get` of keys that exist: no collective, nothing that waits for another rank), else files in
 a folder of this user's on the node (`/dev/shm/loadertop-tune-UID/`, for local ranks). Any
 error turns coordination off with one warning: each rank then tunes alone.
+
+The store is unauthenticated and listens on every interface: any local user can write a key.
+So a peer's entry is taken only when it is one this rank could have written itself (Bounds:
+a rank of this job under its own key, fresh, a wait in [0, 1], a setting within this rank's own
+caps), and where every rank runs on this node, only when signed with a secret of this user's
+(a 0600 file in the private folder). Across nodes no such secret can be shared without a
+collective, which a rank that does not tune would never enter (the job would hang): there the
+bounds alone hold.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import hmac
 import json
+import math
 import os
+import stat
 import sys
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeGuard
 
 from ..files import own_folder
 from ..model import Knobs
+from ..probes.host import usable_cpus
+from ..rules import thresholds as T
 from ..rules.thresholds import RANK_GAP  # data waits this far apart are not noise: the monitor's
 
 # A straggler's peers wait for data at most this share of what it does. In lockstep the ranks'
@@ -40,6 +55,8 @@ from ..rules.thresholds import RANK_GAP  # data waits this far apart are not noi
 # wait), a gap of 15 points; a rank that waits for a slow shard reads near 0 beside its 0.8.
 STRAGGLER_SHARE = 0.5
 FRESH_S = 600.0  # a peer's entry older than this is gone (the rank ended, or stopped tuning)
+CLOCK_SKEW_S = 60.0  # a peer on another node may write a time this far ahead of this node's clock
+SECRET_BYTES = 32
 MAX_STORE_RANKS = 64  # past this many ranks the store is not read key by key: the node's files are
 
 Role = Literal["alone", "waiting", "straggler", "leader", "follower"]
@@ -64,31 +81,88 @@ class Entry:
 
     @staticmethod
     def from_json(text: str | bytes) -> Entry | None:
+        """The entry, or None for anything that is not one exactly (types included: a wait of
+        "0.5", a rank of true or 1.5, a plan without its epoch)."""
         try:
             d = json.loads(text)
-            setting = _knobs(d["setting"])
-            if setting is None:
-                return None
-            return Entry(int(d["rank"]), int(d["epoch"]), None if d["wait"] is None else float(d["wait"]), setting,
-                         None if d.get("plan_from") is None else int(d["plan_from"]), _knobs(d.get("plan")),
-                         float(d.get("at") or 0.0))
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, TypeError, RecursionError):
             return None
+        if not isinstance(d, dict):
+            return None
+        rank, epoch, wait, at = d.get("rank"), d.get("epoch"), d.get("wait"), d.get("at", 0.0)
+        plan_from, plan = d.get("plan_from"), d.get("plan")
+        setting = _knobs(d.get("setting"))
+        if not (_int(rank) and _int(epoch)) or setting is None:
+            return None
+        if not ((wait is None or _real(wait)) and _real(at)):
+            return None
+        if (plan is None) != (plan_from is None) or not (plan_from is None or _int(plan_from)):
+            return None
+        knobs = None if plan is None else _knobs(plan)
+        if plan is not None and knobs is None:
+            return None
+        return Entry(rank, epoch, None if wait is None else float(wait), setting, plan_from, knobs, float(at))
+
+
+def _int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _real(value) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
 
 
 def _knobs(d) -> Knobs | None:
-    if not isinstance(d, dict) or not isinstance(d.get("num_workers"), int):
+    if not isinstance(d, dict) or not _int(d.get("num_workers")):
         return None
-    n = d["num_workers"]
-    p = d.get("prefetch_factor")
-    if not 0 <= n <= 256:
+    n, p = d["num_workers"], d.get("prefetch_factor")
+    main, pools = d.get("main_threads"), d.get("worker_threads")
+    if not all(v is None or _int(v) for v in (p, main, pools)):
         return None
-    return Knobs(n, int(p) if n and isinstance(p, int) else None, main_threads=_threads(d.get("main_threads")),
-                 worker_threads=_threads(d.get("worker_threads")))
+    return Knobs(n, p if n else None, main_threads=main, worker_threads=pools)
 
 
-def _threads(value) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 4096 else None
+# The most threads an entry may name at all (a setting to apply is capped by this rank's CPUs).
+MAX_THREADS = 1024
+
+
+def _sane(k: Knobs) -> bool:
+    """A setting the tuner could give anywhere: workers and prefetch within its bounds."""
+    return (0 <= k.num_workers <= T.MAX_WORKERS
+            and (k.prefetch_factor is None or 1 <= k.prefetch_factor <= T.MAX_PREFETCH)
+            and all(t is None or 1 <= t <= MAX_THREADS for t in (k.main_threads, k.worker_threads)))
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What a peer's entry may hold (`admits`: a rank of this job under its own key, fresh, a
+    wait in [0, 1], settings the tuner could give), and what this rank applies of a leader's
+    (`allows`: what its own plan could give: workers up to the plan's cap for its CPUs, or as
+    many as it started with; threads up to its CPUs; torch's prefetch up to the tuner's most)."""
+
+    world: int
+    most_workers: int
+    most_threads: int
+
+    @staticmethod
+    def here(world: int, started: Knobs | None = None) -> Bounds:
+        cpus = usable_cpus() or os.cpu_count() or 1
+        workers = min(T.MAX_WORKERS, math.ceil(T.IO_WORKERS_PER_CPU * cpus))
+        threads = [cpus, *(t for t in (started.main_threads, started.worker_threads) if t)] if started else [cpus]
+        return Bounds(world, max(workers, started.num_workers if started else 0), max(threads))
+
+    def allows(self, k: Knobs) -> bool:
+        return (_sane(k) and k.num_workers <= self.most_workers
+                and all(t is None or t <= self.most_threads for t in (k.main_threads, k.worker_threads)))
+
+    def admits(self, key: int, e: Entry, now: float) -> bool:
+        """True for an entry a rank of this job could have written: under its own rank's key,
+        fresh and not from the future, a wait in [0, 1], settings the tuner could give."""
+        return (e.rank == key and 0 <= e.rank < self.world and e.epoch >= 0
+                and now - FRESH_S <= e.at <= now + CLOCK_SKEW_S
+                and (e.wait is None or 0.0 <= e.wait <= 1.0)
+                and _sane(e.setting) and (e.plan is None or _sane(e.plan))
+                and (e.plan_from is None or e.plan_from >= 0))
 
 
 @dataclass(frozen=True)
@@ -156,16 +230,64 @@ class Roles:
         return raw
 
 
-class FileBoard:
-    """Entries as files in a folder of this user's on the node: the job's local ranks."""
+def private_folder(root: str = "/dev/shm") -> str:
+    """This user's folder for the tuner's files on the node (0700, checked: no one else's)."""
+    folder = os.path.join(root, f"loadertop-tune-{os.geteuid()}")
+    if not own_folder(folder, 0o077):
+        raise OSError(f"{folder} is not a private folder of this user's")
+    return folder
 
-    def __init__(self, job: str, name: str, root: str = "/dev/shm") -> None:
-        folder = os.path.join(root, f"loadertop-tune-{os.geteuid()}")
-        if not own_folder(folder, 0o077):
-            raise OSError(f"{folder} is not a private folder of this user's")
+
+def user_secret(folder: str) -> bytes:
+    """A secret of this user's on this node (a 0600 file in the private folder, made once):
+    every local rank reads the same, and no other user can."""
+    path = os.path.join(folder, "secret")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        # Written whole beside it, then linked into place: a rank that loses the race reads
+        # the winner's, never a half-written file.
+        tmp = f"{path}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(SECRET_BYTES))
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        secret = f.read(SECRET_BYTES + 1)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077 or len(secret) != SECRET_BYTES:
+        raise OSError(errno.EPERM, f"{path} is not a secret of this user's (0600, {SECRET_BYTES} bytes)")
+    return secret
+
+
+def sign(secret: bytes, body: str) -> str:
+    return hmac.new(secret, body.encode(), hashlib.sha256).hexdigest() + "\n" + body
+
+
+def signed_body(secret: bytes, text: str | bytes) -> str | None:
+    """The body of a value signed with secret, or None (unsigned, or signed otherwise)."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    mac, _, body = text.partition("\n")
+    good = hmac.new(secret, body.encode(), hashlib.sha256).hexdigest()
+    return body if hmac.compare_digest(mac.encode(), good.encode()) else None
+
+
+class FileBoard:
+    """Entries as files in a folder of this user's on the node: the job's local ranks (no
+    other user can write there)."""
+
+    def __init__(self, job: str, name: str, world: int, root: str = "/dev/shm") -> None:
+        self.folder = private_folder(root)
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{job}-{name}")[:120]
-        self.folder = folder
         self.prefix = f"{safe}-r"
+        self.world = world
 
     def write(self, entry: Entry) -> None:
         path = os.path.join(self.folder, f"{self.prefix}{entry.rank}.json")
@@ -175,10 +297,12 @@ class FileBoard:
             f.write(entry.as_json())
         os.replace(tmp, path)
 
-    def read(self) -> list[Entry]:
+    def read(self) -> list[tuple[int, Entry]]:
+        """(the rank its name says, the entry) of each rank's file."""
         out = []
         for name in os.listdir(self.folder):
-            if not (name.startswith(self.prefix) and name.endswith(".json")):
+            key = name[len(self.prefix):-len(".json")]
+            if not (name.startswith(self.prefix) and name.endswith(".json") and key.isdigit()):
                 continue
             try:
                 with open(os.path.join(self.folder, name), "rb") as f:
@@ -186,7 +310,7 @@ class FileBoard:
             except OSError:
                 continue
             if entry is not None:
-                out.append(entry)
+                out.append((int(key), entry))
         return out
 
     def close(self, rank: int) -> None:
@@ -197,24 +321,29 @@ class FileBoard:
 
 
 class StoreBoard:
-    """Entries as keys of torch.distributed's store: every node of the job."""
+    """Entries as keys of torch.distributed's store: every node of the job. With a secret
+    (every rank on this node), entries are signed, and an unsigned one is no entry."""
 
-    def __init__(self, store, name: str, world: int) -> None:
+    def __init__(self, store, name: str, world: int, secret: bytes | None = None) -> None:
         self.store = store
         self.key = f"loadertop/tune/{name}/r"
         self.world = world
+        self.secret = secret
 
     def write(self, entry: Entry) -> None:
-        self.store.set(f"{self.key}{entry.rank}", entry.as_json())
+        body = entry.as_json()
+        self.store.set(f"{self.key}{entry.rank}", body if self.secret is None else sign(self.secret, body))
 
-    def read(self) -> list[Entry]:
+    def read(self) -> list[tuple[int, Entry]]:
         out = []
         for r in range(self.world):
             key = f"{self.key}{r}"
             if self.store.check([key]):  # only keys that exist: a get never waits
-                entry = Entry.from_json(self.store.get(key))
+                value = self.store.get(key)
+                body = value if self.secret is None else signed_body(self.secret, value)
+                entry = None if body is None else Entry.from_json(body)
                 if entry is not None:
-                    out.append(entry)
+                    out.append((r, entry))
         return out
 
     def close(self, rank: int) -> None:
@@ -236,26 +365,34 @@ def _board(name: str, env: dict[str, str], world: int):
     c10d = sys.modules.get("torch.distributed.distributed_c10d")  # the job's own, loaded with it
     if dist is not None and c10d is not None and dist.is_available() and dist.is_initialized() \
             and world <= MAX_STORE_RANKS:
-        return StoreBoard(c10d._get_default_store(), name, world)
+        secret = user_secret(private_folder()) if one_node(env, world) else None
+        return StoreBoard(c10d._get_default_store(), name, world, secret)
     job = env.get("TORCHELASTIC_RUN_ID") or ""
     if not job or job == "none":
         job = env.get("SLURM_JOB_ID") or f"{env.get('MASTER_ADDR', '')}:{env.get('MASTER_PORT', '')}"
-    return FileBoard(job, name)
+    return FileBoard(job, name, world)
+
+
+def one_node(env: dict[str, str], world: int) -> bool:
+    """Every rank of the job runs on this node (torchrun's LOCAL_WORLD_SIZE, Slurm's node count)."""
+    local = env.get("LOCAL_WORLD_SIZE") or ""
+    return (local.isdigit() and int(local) == world) or env.get("SLURM_JOB_NUM_NODES") == "1"
 
 
 class Peers:
-    """This rank's view of its peers through the board."""
+    """This rank's view of its peers through the board: only entries its bounds admit."""
 
-    def __init__(self, board, rank: int) -> None:
+    def __init__(self, board, rank: int, bounds: Bounds | None = None) -> None:
         self.board = board
         self.rank = rank
+        self.bounds = bounds or Bounds.here(board.world)
 
     def tell(self, entry: Entry) -> None:
         self.board.write(entry)
 
     def others(self, now: float | None = None) -> list[Entry]:
         now = time.time() if now is None else now
-        return [e for e in self.board.read() if e.rank != self.rank and now - e.at <= FRESH_S]
+        return [e for key, e in self.board.read() if e.rank != self.rank and self.bounds.admits(key, e, now)]
 
     def close(self) -> None:
         self.board.close(self.rank)

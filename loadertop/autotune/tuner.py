@@ -124,6 +124,7 @@ class Tuner:
         self.settled_under: tuple[float, float] | None = None  # (data wait, CPUs it may use) when it settled
         self.watch_reading: M.Reading | None = None
         self.changed_epochs = 0  # consecutive boundaries at which the conditions differed
+        self.refused: Knobs | None = None  # a leader's setting past this rank's bounds (said once)
 
     # --- the loop's calls ---------------------------------------------------------------
 
@@ -508,7 +509,9 @@ class Tuner:
             self.coordinated = True
             try:
                 found = self.board_for(self.name)
-                self.peers = R.Peers(*found) if found is not None else None
+                if found is not None:  # a peer's entry is taken only within this rank's own bounds
+                    board, rank = found
+                    self.peers = R.Peers(board, rank, R.Bounds.here(board.world, self.started_with))
                 if self.peers is not None:
                     atexit.register(self.peers.close)  # a later job of the same name starts afresh
             except Exception as e:
@@ -570,8 +573,16 @@ class Tuner:
         if self.state == "settled":
             self.state = "measuring"  # its data wait is read every epoch: its role may change
         if role.role == "follower" and role.follow is not None and role.follow != self.ran:
-            with self._applying():
-                self._set(inner, role.follow)
+            if self.peers is not None and not self.peers.bounds.allows(role.follow):
+                # A leader's setting this rank's own plan could not give (its CPUs, the tuner's
+                # bounds): a peer on a bigger node, or an entry someone else wrote.
+                self.reason = f"follows rank {role.peer} except {role.follow.label()}: past this rank's own bounds"
+                if self.refused != role.follow:
+                    self.refused = role.follow
+                    log.warning("loadertop tune %s: %s", self.name, self.reason)
+            else:
+                with self._applying():
+                    self._set(inner, role.follow)
         explorer = self.explorer
         if role.role == "waiting" and explorer is not None and explorer.trial is not None:
             # A trial no one will judge (the job waits for another rank): back to the kept one.
