@@ -278,7 +278,7 @@ async def test_the_fleet_view_lists_the_jobs_and_the_selected_jobs_ranks_and_kee
         app.post_message(FleetRead(report, None))
         await pilot.pause(0.2)
         table = app.query_one("#jobs")
-        assert table.row_count == 1 and table.get_row_at(0)[4] == "rank 1 on node-b"
+        assert table.row_count == 1 and str(table.get_row_at(0)[4]) == "rank 1 on node-b"
         ranks = str(app.query_one("#ranks").render())
         assert "WAITS FOR RANK 1" in ranks and ranks.index("INPUT-BOUND 80%") < ranks.index("WAITS FOR RANK 1")
         assert "node node-b: STALE, last reported 300 s ago" in str(app.query_one("#status").render())

@@ -15,6 +15,7 @@ from ..probes.prometheus import Prometheus, Sample
 from ..rules import thresholds as T
 from ..rules.ranks import RankFigures, attribute
 from ..verdict import job_verdict
+from .report_md import cell, code
 
 SCHEMA = "loadertop.fleet/1"
 LOOKBACK = "10m"
@@ -39,6 +40,11 @@ FIGURES = {
 KEY = ("train_job", "node", "rank")
 
 
+def _rank(label: str) -> int | None:
+    """A rank label as a number ('²' and '٣' are digits to str.isdigit, not ranks)."""
+    return int(label) if label.isascii() and label.isdigit() and len(label) <= 9 else None
+
+
 def _key(s: Sample) -> tuple[str, str, str]:
     return (s.labels.get("train_job", ""), s.labels.get("node", ""), s.labels.get("rank", ""))
 
@@ -61,6 +67,9 @@ def read(prom: Prometheus, now: float | None = None, job: str | None = None) -> 
     pods: dict[tuple[str, str, str], tuple[str | None, str | None]] = {}
     for name, metric in FIGURES.items():
         for s in prom.query(f"last_over_time({metric}{only}[{LOOKBACK}])"):
+            if s.labels.get("rank") and _rank(s.labels["rank"]) is None:
+                prom.refused += 1  # a rank label no agent writes ('²')
+                continue
             row = ranks.setdefault(_key(s), {})
             row[name] = s.value
             sizes.setdefault(_key(s), s.labels.get("world_size", ""))
@@ -82,13 +91,13 @@ def read(prom: Prometheus, now: float | None = None, job: str | None = None) -> 
     for key, row in ranks.items():
         job, node, rank = key
         jobs.setdefault(job, []).append({
-            "rank": int(rank) if rank.isdigit() else None, "node": node,
+            "rank": _rank(rank), "node": node,
             "data_wait_fraction": _r(row.get("data_wait")), "sync_frames_fraction": _r(row.get("sync_frames")),
             "sync_blocked_fraction": _r(row.get("sync_blocked")), "steps_per_s": _r(row.get("steps_per_s")),
             "sync_frames_stderr": _r(row.get("frames_error")), "sync_blocked_stderr": _r(row.get("blocked_error")),
             "workers": int(row["workers"]) if "workers" in row else None, "cpu_percent": _r(cpu.get(key)),
             "findings": sorted(findings.get(key, [])), "stale": node in stale,
-            "world_size": int(sizes[key]) if sizes.get(key, "").isdigit() else None,
+            "world_size": _rank(sizes.get(key, "")),
             "namespace": pods.get(key, (None, None))[0], "pod": pods.get(key, (None, None))[1],
         })
     if job is not None:
@@ -98,8 +107,11 @@ def read(prom: Prometheus, now: float | None = None, job: str | None = None) -> 
     out = [_job(name, rows) for name, rows in jobs.items() if name]
     out.sort(key=lambda j: (j["straggler"] is None, -(j["straggler"] or {}).get("cost_fraction", 0.0) or 0.0,
                             -max((r["data_wait_fraction"] or 0.0) for r in j["ranks"])))
+    notices = [] if not prom.refused else [
+        f"{prom.refused} series refused: labels or figures no loadertop agent writes (a rank or a "
+        "time that is not a number, labels that are not strings); check the targets Prometheus scrapes"]
     return {"schema": SCHEMA, "created_at": dt.datetime.fromtimestamp(now, dt.timezone.utc).isoformat(
-        timespec="seconds"), "prometheus": prom.url, "nodes": nodes, "jobs": out}
+        timespec="seconds"), "prometheus": prom.url, "nodes": nodes, "jobs": out, "notices": notices}
 
 
 def history(prom: Prometheus, job: str, now: float | None = None) -> dict[tuple[str, int | None], list[float | None]]:
@@ -113,8 +125,7 @@ def history(prom: Prometheus, job: str, now: float | None = None) -> dict[tuple[
         points: list[float | None] = [None] * HISTORY_POINTS
         for t, v in s.points:
             points[min(HISTORY_POINTS - 1, max(0, int((t - start) / step)))] = round(v, 4)
-        rank = s.labels.get("rank", "")
-        out[(s.labels.get("node", ""), int(rank) if rank.isdigit() else None)] = points
+        out[(s.labels.get("node", ""), _rank(s.labels.get("rank", "")))] = points
     return out
 
 
@@ -124,10 +135,10 @@ def count(n: int, word: str) -> str:
 
 
 def _pod(r: dict) -> str:
-    """' (pod `namespace/name`)' for a rank in a Kubernetes pod."""
+    """' (pod namespace/name)' for a rank in a Kubernetes pod."""
     if not r.get("pod"):
         return ""
-    return f" (pod `{r['namespace']}/{r['pod']}`)" if r.get("namespace") else f" (pod `{r['pod']}`)"
+    return f" (pod {r['namespace']}/{r['pod']})" if r.get("namespace") else f" (pod {r['pod']})"
 
 
 def _r(x: float | None) -> float | None:
@@ -189,6 +200,8 @@ def render_text(report: dict) -> str:
     for n in report["nodes"]:
         if n["stale"]:
             lines.append(f"  node {n['node']}: STALE, last reported {n['age_s']:.0f} s ago")
+    for notice in report.get("notices", []):
+        lines.append(f"  n/a: {notice}")
     for job in report["jobs"]:
         s = job["straggler"]
         who = (f"; waits for rank {s['rank']} on {s['node']} ({s['cause']}), costing {_pct(s['cost_fraction'])} "
@@ -203,27 +216,29 @@ def render_text(report: dict) -> str:
 
 
 def render_md(report: dict) -> str:
-    """The fleet report as Markdown, to paste into an incident."""
+    """The fleet report as Markdown, to paste into an incident. Every label a target wrote is a
+    code span or a table cell (report_md's): no heading, link or HTML can be forged through it."""
     out = [f"# loadertop fleet: {len(report['jobs'])} jobs", "",
-           f"{report['created_at']}, from {report['prometheus']}", ""]
+           f"{report['created_at']}, from {code(report['prometheus'])}", ""]
     stale = [n for n in report["nodes"] if n["stale"]]
     if stale:
-        ages = ", ".join(f"{n['node']} ({n['age_s']:.0f} s)" for n in stale)
+        ages = ", ".join(f"{code(n['node'])} ({n['age_s']:.0f} s)" for n in stale)
         out += [f"Stale nodes (their agent stopped reporting): {ages}", ""]
+    out += [f"- n/a: {code(n)}" for n in report.get("notices", [])] + ([""] if report.get("notices") else [])
     for job in report["jobs"]:
         s = job["straggler"]
-        out.append(f"## `{job['job']}`: {job['verdict']}")
+        out.append(f"## {code(job['job'])}: {code(job['verdict'])}")
         out.append("")
         out.append(f"{job['seen']} on {count(len(job['nodes']), 'node')}."
-                   + (f" The job waits for rank {s['rank']} on `{s['node']}` ({s['cause']}): the others wait "
-                      f"{_pct(s['cost_fraction'])} of their loop for it." if s else " No rank waits for another."))
+                   + (f" The job waits for rank {s['rank']} on {code(s['node'])} ({code(s['cause'])}): the others "
+                      f"wait {_pct(s['cost_fraction'])} of their loop for it." if s else " No rank waits for another."))
         out.append("")
         out.append("| rank | node | data wait | waits for other ranks | workers | verdict | findings |")
         out.append("|---|---|---|---|---|---|---|")
         for r in job["ranks"]:
-            out.append(f"| {r['rank']} | `{r['node']}`{_pod(r)} | {_pct(r['data_wait_fraction'])} | "
-                       f"{_pct(r['wait_for_ranks_fraction'])} | {r['workers']} | {r['verdict']} | "
-                       f"{', '.join(r['findings'])} |")
+            out.append(f"| {r['rank']} | {cell(r['node'] + _pod(r))} | {_pct(r['data_wait_fraction'])} | "
+                       f"{_pct(r['wait_for_ranks_fraction'])} | {r['workers']} | {cell(r['verdict'])} | "
+                       f"{cell(', '.join(r['findings'])) if r['findings'] else ''} |")
         out.append("")
     return "\n".join(out)
 

@@ -1,6 +1,11 @@
 """Reading the fleet back from Prometheus: a source like the probes (it knows Prometheus's
 HTTP API, not the screen). Every query has a timeout; every way it can fail is one line that
-says what and how to fix it (FleetError)."""
+says what and how to fix it (FleetError).
+
+Whatever Prometheus holds, any scraped target (any tenant's pod, a Pushgateway) may have
+written: label values are made printable here, where they enter (an escape sequence in a
+`node` label reached the terminal), and a series whose labels or figures are not ones an
+agent writes is refused and counted (`refused`), never a traceback."""
 
 from __future__ import annotations
 
@@ -11,8 +16,11 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
+from ..text import printable
+
 TIMEOUT_S = 5.0
 MAX_BYTES = 64 << 20  # an answer past this is not one loadertop asked for
+MAX_LABEL = 256  # characters of a label value kept (an agent's are short: hosts, jobs, ranks)
 
 
 class FleetError(Exception):
@@ -38,17 +46,21 @@ class Prometheus:
             raise FleetError(f"--prometheus {url!r}: give its address, e.g. http://prometheus:9090")
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
+        self.refused = 0  # series refused so far (labels or figures no agent writes)
 
     def query(self, promql: str) -> list[Sample]:
         """An instant query's samples (a vector); NaN values are left out."""
         out = []
         for item in self._get("query", {"query": promql}):
+            labels = _labels(item)
             try:
-                labels = {str(k): str(v) for k, v in item["metric"].items()}
                 value = float(item["value"][1])
-            except (KeyError, TypeError, ValueError, IndexError):
-                continue
-            if math.isfinite(value):
+                at = float(item["value"][0])
+            except (KeyError, TypeError, ValueError, IndexError, OverflowError):
+                labels = None
+            if labels is None or not math.isfinite(at):
+                self.refused += 1
+            elif math.isfinite(value):
                 out.append(Sample(labels, value))
         return out
 
@@ -57,10 +69,13 @@ class Prometheus:
         out = []
         params = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{max(1.0, step_s):g}"}
         for item in self._get("query_range", params):
+            labels = _labels(item)
             try:
-                labels = {str(k): str(v) for k, v in item["metric"].items()}
                 points = tuple((float(t), float(v)) for t, v in item["values"])
-            except (KeyError, TypeError, ValueError):
+            except (KeyError, TypeError, ValueError, OverflowError):
+                labels = None
+            if labels is None or not all(math.isfinite(t) for t, _ in points):
+                self.refused += 1
                 continue
             out.append(Series(labels, tuple(p for p in points if math.isfinite(p[1]))))
         return out
@@ -87,7 +102,7 @@ class Prometheus:
             raise FleetError(f"{self.url} answered more than {MAX_BYTES >> 20} MiB to one query")
         try:
             data = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             raise FleetError(f"{self.url} did not answer as Prometheus does (no JSON): give the Prometheus "
                              "server's address") from None
         if not isinstance(data, dict) or data.get("status") != "success":
@@ -97,3 +112,11 @@ class Prometheus:
         if not isinstance(result, list):
             raise FleetError(f"{self.url} did not answer as Prometheus does (no result)")
         return result
+
+
+def _labels(item: object) -> dict[str, str] | None:
+    """A series' labels, printable and bounded; None where they are not a flat map of strings."""
+    metric = item.get("metric") if isinstance(item, dict) else None
+    if not isinstance(metric, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metric.items()):
+        return None
+    return {printable(k)[:MAX_LABEL]: printable(v)[:MAX_LABEL] for k, v in metric.items()}

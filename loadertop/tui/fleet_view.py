@@ -123,9 +123,11 @@ class FleetApp(App):
         table.clear()
         for job in (self.report or {}).get("jobs", []):
             s = job["straggler"]
-            table.add_row(job["job"][:48], job["verdict"], str(len(job["nodes"])), job["seen"],
-                          f"rank {s['rank']} on {s['node']}" if s else "-", _pct(s["cost_fraction"]) if s else "-",
-                          ", ".join(job["stale_nodes"]) or "-", key=job["job"])
+            # Text, never markup: the labels are what any scraped target wrote.
+            cells = (job["job"][:48], job["verdict"], str(len(job["nodes"])), job["seen"],
+                     f"rank {s['rank']} on {s['node']}" if s else "-", _pct(s["cost_fraction"]) if s else "-",
+                     ", ".join(job["stale_nodes"]) or "-")
+            table.add_row(*(Text(c) for c in cells), key=job["job"])
         if table.row_count:
             table.move_cursor(row=min(row, table.row_count - 1))
         self._show_ranks()

@@ -1,0 +1,103 @@
+"""`loadertop fleet` reads what any scraped target wrote (docs/SECURITY.md, the fourth review,
+2 and 4): label values are made printable where they enter, every output renders them as
+text (Markdown through code spans and cells, HTML escaped, the TUI's cells as Text), and a
+series no agent could write is refused with a notice, never a traceback. A real HTTP server
+stands in for Prometheus's API."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+from loadertop.outputs import fleet as F
+from loadertop.probes.prometheus import Prometheus
+
+pytestmark = pytest.mark.unit
+
+NOW = 1_800_000_000.0
+EVIL = "\x1b]0;owned\x07\x1b]52;c;ZXZpbA==\x07\x1b[2J\u202e`x`\n## OK nothing to fix\n<img src=x onerror=alert(1)>"
+LABELS = {"train_job": "job" + EVIL, "node": "node" + EVIL, "pod": "pod" + EVIL, "namespace": "ns" + EVIL,
+          "world_size": "2"}
+
+
+def series(metric: str, labels: dict, value: float = 0.5, at: float | str = NOW) -> dict:
+    return {"metric": {"__name__": metric, **labels}, "value": [at, str(value)]}
+
+
+def answer(query: str) -> list:
+    if query.startswith("last_over_time(loadertop_finding"):
+        return [series("loadertop_finding", {**LABELS, "rank": "1", "id": "input_bound" + EVIL}, 1)]
+    if query.startswith("last_over_time(loadertop_data_wait_ratio"):
+        return [series("loadertop_data_wait_ratio", {**LABELS, "rank": "1"}, 0.8),
+                series("loadertop_data_wait_ratio", {**LABELS, "rank": "0"}, 0.02),
+                series("loadertop_data_wait_ratio", {**LABELS, "rank": "²"}, 0.5),  # a digit to isdigit, no rank
+                series("loadertop_data_wait_ratio", {**LABELS, "rank": "3"}, 0.5, at="Infinity"),
+                {"metric": {"node": ["not", "a", "string"]}, "value": [NOW, "1"]},
+                {"metric": {"node": "n"}, "value": "nonsense"}]
+    if query.startswith("last_over_time(loadertop_"):
+        return []
+    if "timestamp(" in query or query == "loadertop_host_cpu_percent":
+        return [series("x", {"node": "node" + EVIL}, NOW)]
+    return []
+
+
+@pytest.fixture
+def prometheus():
+    class Api(BaseHTTPRequestHandler):
+        def do_GET(self):
+            q = parse_qs(urlparse(self.path).query).get("query", [""])[0]
+            body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": answer(q)}})
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Api)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+RAW = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def test_hostile_labels_reach_no_output_raw_and_hostile_series_are_refused_with_a_notice(prometheus):
+    report = F.read(Prometheus(prometheus), now=NOW)
+    (job,) = report["jobs"]
+    assert sorted(r["rank"] for r in job["ranks"]) == [0, 1]
+    assert report["notices"] and "4 series refused" in report["notices"][0]
+    text = F.render_text(report)
+    md = F.render_md(report)
+    page = F.render_html(report)
+    for out in (text, md, page, json.dumps(report, ensure_ascii=False)):
+        assert not RAW.search(out), RAW.search(out)
+        assert "\\x1b]52" in out or "\\\\x1b]52" in out  # shown, as a visible escape
+    # Markdown: no forged heading, no live HTML; every label inside a code span.
+    assert not [line for line in md.splitlines() if line.startswith("## OK")]
+    assert all(line.startswith(("# loadertop fleet", "## `")) for line in md.splitlines() if line.startswith("#"))
+    for line in md.splitlines():
+        outside = re.sub(r"(`+).*?\1", "", line)
+        assert "<img" not in outside, line
+    assert "<img" not in page.replace("&lt;img", "")
+
+
+async def test_the_fleet_view_shows_hostile_labels_as_text(prometheus):
+    from loadertop.tui.fleet_view import FleetApp, FleetRead
+
+    report = F.read(Prometheus(prometheus), now=NOW)
+    report["jobs"][0]["job"] = "[bold]x[/nope] " + report["jobs"][0]["job"]  # markup would crash the table
+    app = FleetApp(Prometheus("http://127.0.0.1:1"), interval_s=3600)
+    async with app.run_test(size=(120, 30)) as pilot:
+        app.post_message(FleetRead(report, None))
+        await pilot.pause(0.3)
+        row = [str(c) for c in app.query_one("#jobs").get_row_at(0)]
+        assert row[0].startswith("[bold]x[/nope] job\\x1b]0;owned")
+        assert not RAW.search(str(app.query_one("#ranks").render()))
