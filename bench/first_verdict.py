@@ -5,7 +5,7 @@ For each case of bench/advice.py at its starting setting: the job starts, its fi
 delivered, then the live view's source (LiveSource: the LIVE py-spy profile, its 3 s first
 look, the same diagnoser) ticks every --interval s for --seconds, in this process, with no
 screen. At every tick the header's verdict is read the way the screen reads it
-(verdict.first_answer: the raised findings, else the pending ones, provisional while they
+(the Diagnosis of each tick, rules/diagnosis.py: the raised findings, else the pending ones, provisional while they
 have not held or while data wait comes from the first look alone). Per case:
 
 - first: seconds from the first tick to the first verdict that is not WATCHING;
@@ -36,8 +36,8 @@ sys.path.insert(0, str(REPO / "bench"))
 from advice import CGROUP, Run, cases, clear_quota, set_quota  # noqa: E402
 
 from loadertop.demo_job import calibrate  # noqa: E402
+from loadertop.rules.verdict import job_verdict  # noqa: E402
 from loadertop.tui.source import LiveSource  # noqa: E402
-from loadertop.verdict import first_answer, job_verdict  # noqa: E402
 
 
 def family(word: str) -> str:
@@ -58,10 +58,10 @@ def watch(case, args) -> dict:
             start = time.monotonic()
             while time.monotonic() - start < args.seconds:
                 tick = time.monotonic()
-                snap, findings = source.next()
-                pending = source.diagnoser.pending()
-                ranks = [(t.rank, *first_answer(t, findings, pending)[:2]) for t in snap.trainers]
-                provisional = any(first_answer(t, findings, pending)[2] for t in snap.trainers)
+                snap, diagnosis = source.next()
+                said = [diagnosis.verdict(t) for t in snap.trainers]
+                ranks = [(t.rank, v.text, v.colour) for t, v in zip(snap.trainers, said, strict=True)]
+                provisional = any(v.provisional for v in said)
                 word = job_verdict(None, ranks)[0] if ranks else "WATCHING"
                 seen.append((snap.monotonic, word, provisional))
                 time.sleep(max(0.0, args.interval - (time.monotonic() - tick)))

@@ -627,8 +627,8 @@ def _report_of_snapshots(snapshots, duration: float | None = None) -> dict:
     if duration is None:
         duration = snapshots[-1].monotonic - snapshots[0].monotonic
     # A short snapshot is one window of evidence: it may hold a finding for half its length.
-    diagnosis = diagnosed(snapshots, hold_s=min(thresholds.HOLD_S, max(1.0, duration / 2)))
-    return build_report(snapshots, diagnosis.findings(), diagnosis.notices(), plans=diagnosis.plans)
+    diagnoser = diagnosed(snapshots, hold_s=min(thresholds.HOLD_S, max(1.0, duration / 2)))
+    return build_report(snapshots, diagnoser.diagnosis)
 
 
 def cmd_diff(args: argparse.Namespace) -> int:

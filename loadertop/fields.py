@@ -260,6 +260,11 @@ TUNE_DECISIONS = Series("loadertop_tune_decisions", "decisions the in-place tune
                         "revert, settle, off)", (*LOADER_LABELS, "action"))
 FINDING_METRIC = Series("loadertop_finding", "1 for each active finding, by id and severity",
                         tuple(FINDING_LABELS))
+VERDICT_METRIC = Series("loadertop_verdict", "1 for the verdict the node judged for each trainer (the live view's "
+                        "header): its words, and 1 in provisional for a first look", (*TRAINER_LABELS, "verdict",
+                                                                                     "provisional"))
+STRAGGLER_METRIC = Series("loadertop_straggler", "1 for the rank its job waits for, as the node judged the ranks it "
+                          "sees, by cause (input or step)", (*TRAINER_LABELS, "cause"))
 TRAINER_INFO = Series("loadertop_trainer_info", "1 for each trainer: its pid and its job's local pid",
                       (*TRAINER_LABELS, "pid", "job_pid"))
 PROCESS_INFO = Series("loadertop_process_info", "1 for each watched process: its pid, by worker_id and role",
@@ -276,8 +281,8 @@ def metrics_table() -> str:
     rows = ["| metric | labels | meaning |", "|---|---|---|"]
     described: list[tuple[str, list[str] | tuple[str, ...], str]] = [
         *((m.name, m.labels, m.help) for m in (*EXPORTED, *TUNE_EXPORTED)),
-        *((s.name, s.labels, s.help) for s in (FINDING_METRIC, TUNE_STATE, TUNE_DECISIONS, TRAINER_INFO, PROCESS_INFO,
-                                               LAST_SAMPLE, SAMPLE_ERRORS)),
+        *((s.name, s.labels, s.help) for s in (FINDING_METRIC, VERDICT_METRIC, STRAGGLER_METRIC, TUNE_STATE,
+                                               TUNE_DECISIONS, TRAINER_INFO, PROCESS_INFO, LAST_SAMPLE, SAMPLE_ERRORS)),
     ]
     for name, labels, help_text in described:
         shown = ", ".join(f"`{label}`" for label in labels) or "none"

@@ -75,8 +75,7 @@ def test_a_tune_section_the_monitor_would_not_write_is_refused(hostile):
 @pytest.mark.unit
 def test_the_reports_carry_the_tuners_state_and_every_decision():
     snaps = tuned(SETTLED, wait=0.02)
-    findings, plans = diagnose_with_plans(snaps)
-    report = build_report(snaps, findings, plans=plans)
+    report = build_report(snaps)
     from importlib.resources import files
 
     schema = json.loads(files("loadertop").joinpath("schema/report-2.json").read_text())

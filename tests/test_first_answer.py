@@ -10,7 +10,7 @@ import pytest
 from synth import host, snapshot, story, trainer
 
 from loadertop.rules import Diagnoser
-from loadertop.verdict import first_answer
+from loadertop.rules.verdict import first_answer
 
 # One worker of 25 ms items, batches of 8, a 10 ms step: the loop waits ~95 %.
 STARVED = ("--workers", "1", "--item-ms", "25", "--batch-size", "8", "--step-ms", "10", "--persistent",

@@ -19,7 +19,7 @@ from jobs import PYTHON, loadertop, wait_for
 
 from loadertop.outputs.report import build_report
 from loadertop.probes.gpu import GpuProbe
-from loadertop.rules import diagnose
+from loadertop.rules import diagnose, diagnosed
 from loadertop.sampler import Sampler
 
 
@@ -106,7 +106,7 @@ def test_starving_trainer_on_a_gpu_story(job):
     assert "input_bound" in findings, findings
     assert findings["input_bound"].evidence["gpu_utilization_percent"] < 40
     assert "pin_memory_off" in findings
-    report = build_report(history, list(findings.values()))
+    report = build_report(history, diagnosed(history, hold_s=2.0).diagnosis)
     gpus = report["trainers"][0]["gpus"]
     assert [g["index"] for g in gpus] == [0] and gpus[0]["utilization_percent"] is not None
 

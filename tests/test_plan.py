@@ -16,7 +16,7 @@ from loadertop.rules import thresholds as T
 from loadertop.rules.loops import loader_call, loader_change
 from loadertop.rules.plan import batches_held
 from loadertop.rules.throughput import Setting, predict, softmin, terms
-from loadertop.verdict import verdict
+from loadertop.rules.verdict import verdict
 
 pytestmark = pytest.mark.unit
 

@@ -13,12 +13,12 @@ import pytest
 from synth import T0, host, process, replace, snapshot, story, trainer
 
 from loadertop.model import DataWait
-from loadertop.outputs.report import build_report
+from loadertop.outputs.report import build_report, verdict_of_report
 from loadertop.outputs.report_md import render
 from loadertop.rules import diagnose
 from loadertop.rules import thresholds as T
 from loadertop.rules.ranks import RankFigures, attribute, view_order
-from loadertop.verdict import job_verdict, verdict, verdict_of_report
+from loadertop.rules.verdict import job_verdict, verdict
 
 pytestmark = pytest.mark.unit
 
@@ -171,17 +171,17 @@ def test_balanced_ranks_keep_their_own_verdicts():
 def test_the_jobs_verdict_names_the_straggler_or_what_its_ranks_share():
     for ranks, word in ((INPUT, "INPUT-BOUND on rank 1 of 2"), (STEP, "SLOW STEP on rank 1 of 2")):
         history = job_story(ranks)
-        report = build_report(history, diagnose(history))
+        report = build_report(history)
         assert report["jobs"][0]["verdict"] == word and verdict_of_report(report) == word
     history = job_story(BALANCED)
-    report = build_report(history, diagnose(history))
+    report = build_report(history)
     assert report["jobs"][0]["verdict"] == "INPUT-BOUND 30-33% on every rank"
     assert job_verdict(None, [(0, "HEALTHY", "green"), (1, "STALLED", "red")]) == ("STALLED on rank 1", "red")
 
 
 def test_the_report_carries_each_job_with_its_ranks_and_straggler():
     history = job_story(INPUT)
-    report = build_report(history, diagnose(history))
+    report = build_report(history)
     schema = json.loads(files("loadertop").joinpath("schema/report-2.json").read_text())
     jsonschema.validate(report, schema)
     assert report["schema"] == "loadertop.report/2"
@@ -199,7 +199,7 @@ def test_the_report_carries_each_job_with_its_ranks_and_straggler():
 def test_a_job_seen_in_part_says_so():
     ranks = [rank(r, 0.02, 0.9, world=8) for r in range(2)] + [rank(2, 0.9, 0.02, world=8)]
     history = job_story(ranks)
-    report = build_report(history, diagnose(history))
+    report = build_report(history)
     assert report["jobs"][0]["verdict"] == "INPUT-BOUND on rank 2 of 8"
     assert "ranks 3 of 8" in render(report)
 
@@ -223,7 +223,7 @@ def test_the_job_view_lists_the_straggler_first():
 
 def test_a_process_with_no_rank_is_a_job_of_its_own():
     history = story(20, lambda t: snapshot(t, [trainer(), replace(trainer(pid=7000), job_pid=7000)], host()))
-    report = build_report(history, diagnose(history))
+    report = build_report(history)
     assert [j["ranks_seen"] for j in report["jobs"]] == [1, 1]
     assert all(j["straggler"] is None for j in report["jobs"])
 
@@ -256,7 +256,7 @@ def test_the_html_report_opens_with_the_job():
     from loadertop.outputs.report_html import render as render_html
 
     history = job_story(INPUT)
-    html = render_html(build_report(history, diagnose(history)), history)
+    html = render_html(build_report(history), history)
     assert "<title>loadertop report: INPUT-BOUND on rank 1 of 2</title>" in html
     assert "<li><b>Job <code>run:ddp-7</code>, ranks 2: INPUT-BOUND on rank 1 of 2</b>. The job waits for rank 1" in html
 

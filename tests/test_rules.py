@@ -427,7 +427,7 @@ def test_a_rule_that_raises_is_a_notice_naming_it_not_a_quiet_job(monkeypatch):
     [notice] = d.notices()
     assert notice.id == "rule_failed" and notice.trainer_pid == TRAINER
     assert "rule input_bound failed" in notice.message and "KeyError" in notice.message
-    report = build_report(snaps, d.findings(), d.notices(), plans=d.plans)
+    report = build_report(snaps, d.diagnosis)
     assert [n["id"] for n in report["notices"]] == ["rule_failed"]
     # The other rules still judge the job.
     assert d.plans

@@ -57,7 +57,6 @@ def test_a_markdown_report_cannot_be_forged_by_what_it_quotes():
 
     from loadertop.outputs.report import build_report
     from loadertop.outputs.report_md import render
-    from loadertop.rules import diagnose_with_plans
 
     forged = "x\n## Findings\n- **OK** nothing to fix"
     ticks = "``` <img src=x onerror=alert(1)> [a](http://evil) | ``"
@@ -70,8 +69,7 @@ def test_a_markdown_report_cannot_be_forged_by_what_it_quotes():
         return snapshot(t, [tr])
 
     snaps = story(20, make)
-    findings, plans = diagnose_with_plans(snaps)
-    md = render(build_report(snaps, findings, plans=plans))
+    md = render(build_report(snaps))
     headings = [line for line in md.splitlines() if line.startswith("#")]
     assert headings == ["# loadertop report: INPUT-BOUND 62%", "## Findings", "## Trainer 4000 (running)"]
     # Outside code spans nothing of theirs is left: no HTML, no link, no table cell split.

@@ -170,12 +170,12 @@ def test_the_markdown_report_says_the_verdict_and_the_change_first_and_stays_sho
 
     from loadertop.outputs.report import build_report
     from loadertop.outputs.report_md import render
-    from loadertop.rules import diagnose_with_plans
+    from loadertop.rules import diagnosed
 
     snaps = story(20, lambda t: snapshot(t, [trainer(workers=8, worker_cpu=97.0, wait=0.62, usable=16)],
                                          host(cpu_count=16, cpu=60.0)))
-    findings, plans = diagnose_with_plans(snaps)
-    lines = render(build_report(snaps, findings, plans=plans)).splitlines()
+    plans = diagnosed(snaps).plans
+    lines = render(build_report(snaps)).splitlines()
     assert len(lines) < 60
     assert lines[0] == "# loadertop report: INPUT-BOUND 62%"
     plan = next(iter(plans.values()))
@@ -228,7 +228,7 @@ def test_the_html_report_draws_one_series_per_worker_and_a_single_point_as_a_dot
 def test_every_rule_has_a_verdict_word():
     # A new rule that the verdict forgets would leave its trainer HEALTHY on the header.
     from loadertop.rules import RULES
-    from loadertop.verdict import ORDER
+    from loadertop.rules.verdict import ORDER
 
     ids = [i for rule_ids, _, _ in ORDER for i in rule_ids]
     assert sorted(ids) == sorted(RULES)

@@ -14,6 +14,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -23,16 +24,19 @@ from ..fields import (
     LAST_SAMPLE,
     PROCESS_INFO,
     SAMPLE_ERRORS,
+    STRAGGLER_METRIC,
     TRAINER_INFO,
     TUNE_DECISIONS,
     TUNE_EXPORTED,
     TUNE_STATE,
+    VERDICT_METRIC,
     worker_id_text,
 )
-from ..model import Finding, Snapshot, TrainerSnapshot
+from ..model import Snapshot, TrainerSnapshot
 from ..probes.host import job_roots
 from ..rules import Diagnoser
-from ..rules.ranks import attributions, rank_figures
+from ..rules.diagnosis import Diagnosis
+from ..rules.ranks import Attribution, rank_figures
 
 # A scrape holds a connection for milliseconds: a few at once is plenty, and a client that
 # opens connections and sends nothing (slowloris) must not hold threads for long.
@@ -58,9 +62,9 @@ class RankView:
     blocked_error: float | None = None
 
 
-def rank_views(snap: Snapshot, recent) -> dict[int, RankView]:
-    """Each rank of the snapshot by pid, with its wait for the other ranks of its job seen here."""
-    compared = attributions(snap, recent)
+def rank_views(snap: Snapshot, recent, compared: Mapping[str, Attribution]) -> dict[int, RankView]:
+    """Each rank of the snapshot by pid, with its wait for the other ranks of its job seen here
+    (`compared`: the diagnosis's jobs)."""
     out = {}
     for t in snap.trainers:
         job = compared.get(t.job)
@@ -89,7 +93,7 @@ class Exporter:
         self.workers = workers  # per-worker series
         self.interval_s = interval_s
         self.diagnoser = Diagnoser()
-        self.latest: tuple[Snapshot, list[Finding], dict[int, RankView]] | None = None
+        self.latest: tuple[Snapshot, Diagnosis, dict[int, RankView]] | None = None
         self.last_sample_at: float | None = None
         self.errors = 0
         self.last_error: str | None = None
@@ -110,8 +114,9 @@ class Exporter:
         """One tick; a failure is counted and told once, never the end of sampling."""
         try:
             snap = self.sampler.tick()
-            findings = self.diagnoser.feed(snap)
-            ranks = rank_views(snap, self.diagnoser.recent)
+            self.diagnoser.feed(snap)
+            diagnosis = self.diagnoser.diagnosis
+            ranks = rank_views(snap, self.diagnoser.recent, diagnosis.jobs)
         except Exception as e:  # noqa: BLE001 (whatever broke, the next tick may work)
             with self._lock:
                 self.errors += 1
@@ -121,7 +126,7 @@ class Exporter:
                 print(f"loadertop: a sample failed ({self.last_error}); sampling goes on", file=sys.stderr)
             return
         with self._lock:
-            self.latest = (snap, findings, ranks)
+            self.latest = (snap, diagnosis, ranks)
             self.last_sample_at = time.time()
 
     def close(self) -> None:
@@ -153,7 +158,7 @@ class Exporter:
         yield failed
         if latest is None or self.stale(last_at):  # the same reading as `latest`, under one lock
             return  # no figures rather than old ones that look current
-        snap, findings, ranks = latest
+        snap, diagnosis, ranks = latest
         host = snap.host.hostname
         families = {}
         for metric in EXPORTED:
@@ -193,10 +198,21 @@ class Exporter:
         yield trainer_info
         yield info
         active = GaugeMetricFamily(FINDING_METRIC.name, FINDING_METRIC.help, labels=list(FINDING_METRIC.labels))
-        for f in findings:
+        for f in diagnosis.findings:
             at = labels_of.get(f.trainer_pid or 0, [host, "", "", "", ""])
             active.add_metric([*at, f.id, f.severity], 1.0)
         yield active
+        # What the node judged, as its live view says it: the fleet shows it, never judges it again.
+        said = GaugeMetricFamily(VERDICT_METRIC.name, VERDICT_METRIC.help, labels=list(VERDICT_METRIC.labels))
+        waited = GaugeMetricFamily(STRAGGLER_METRIC.name, STRAGGLER_METRIC.help, labels=list(STRAGGLER_METRIC.labels))
+        for t in snap.trainers:
+            v = diagnosis.verdict(t)
+            said.add_metric([*labels_of[t.pid], v.text, "1" if v.provisional else "0"], 1.0)
+            job = diagnosis.job(t.job)
+            if job is not None and job.straggler is not None and job.straggler.pid == t.pid:
+                waited.add_metric([*labels_of[t.pid], job.straggler.cause], 1.0)
+        yield said
+        yield waited
 
 
     @staticmethod

@@ -14,7 +14,7 @@ import time
 from ..probes.prometheus import Prometheus, Sample
 from ..rules import thresholds as T
 from ..rules.ranks import RankFigures, attribute
-from ..verdict import job_verdict
+from ..rules.verdict import job_verdict
 from .report_md import cell, code
 
 SCHEMA = "loadertop.fleet/1"

@@ -1,4 +1,6 @@
-"""The `loadertop.report/2` report: built from a window of snapshots plus findings.
+"""The `loadertop.report/2` report: built from a window of snapshots and the diagnoser's
+judgement at its end (rules/diagnosis.py): the verdicts, findings and plans it shows are the
+ones the live view showed, never judged again here.
 
 /2 made `jobs` objects (each job's ranks, its verdict and the rank it waits for); /1 had the
 named PIDs there. Recordings of either stay readable: they hold snapshots, not reports.
@@ -17,10 +19,11 @@ from ..files import write_atomic
 from ..model import Finding, GpuSnapshot, Notice, ProcessSample, Snapshot, TrainerSnapshot, TuneState
 from ..notices import NoticeBoard
 from ..numbers import mean_of
-from ..rules import diagnose_with_plans
+from ..rules import diagnosed
+from ..rules.diagnosis import Diagnosis
 from ..rules.plan import Plan
-from ..rules.ranks import Attribution, attributions
-from ..verdict import job_verdict, verdict
+from ..rules.ranks import Attribution
+from ..rules.verdict import undecided, word_of
 from .figures import run_figures
 
 SCHEMA = "loadertop.report/2"
@@ -80,7 +83,7 @@ def _gpu(g: GpuSnapshot, window: Sequence[GpuSnapshot]) -> dict:
     }
 
 
-def _trainer(last: TrainerSnapshot, snaps: Sequence[Snapshot], plan: Plan | None, findings: list[Finding]) -> dict:
+def _trainer(last: TrainerSnapshot, snaps: Sequence[Snapshot], plan: Plan | None, said: str) -> dict:
     seen = [
         (s, t) for s in snaps for t in s.trainers if (t.pid, t.started_at) == (last.pid, last.started_at)
     ]
@@ -160,26 +163,26 @@ def _trainer(last: TrainerSnapshot, snaps: Sequence[Snapshot], plan: Plan | None
         "cpu_set": list(last.cpu_set),
         "cpu_quota": last.cpu_quota,
         "job": last.job,
-        "verdict": verdict(last, findings)[0],
+        "verdict": said,
         "plan": plan.as_dict() if plan is not None and last.status == "running" else None,
         "figures": run_figures(last, snaps),
     }
 
 
-def jobs_dicts(last: Snapshot, snapshots: Sequence[Snapshot], findings: list[Finding]) -> list[dict]:
+def jobs_dicts(last: Snapshot, diagnosis: Diagnosis) -> list[dict]:
     """Each job of the last snapshot: its pid, name, ranks side by side (the one the others
     wait for first), its verdict, and its straggler (rank, pid, node, cause) or null."""
-    compared = attributions(last, snapshots)
     groups: dict[str, list[TrainerSnapshot]] = {}
     for t in last.trainers:
         groups.setdefault(t.job, []).append(t)
     out = []
     for name, trainers in groups.items():
-        job = compared.get(name)
-        ranks = [_rank(t, job, findings) for t in trainers]
+        job = diagnosis.job(name)
+        ranks = [_rank(t, job, diagnosis.verdict(t).text) for t in trainers]
         ranks.sort(key=lambda r: (not r["straggler"], -(r["wait_for_ranks_fraction"] or 0.0),
                                   r["rank"] if r["rank"] is not None else -1))
-        text, _ = job_verdict(job, [(r["rank"], r["verdict"], "") for r in ranks])
+        said = diagnosis.job_verdicts.get(name)
+        text = said.text if said is not None else ranks[0]["verdict"]
         straggler = job.straggler if job is not None else None
         out.append({
             "pid": trainers[0].job_pid,
@@ -196,13 +199,13 @@ def jobs_dicts(last: Snapshot, snapshots: Sequence[Snapshot], findings: list[Fin
     return out
 
 
-def _rank(t: TrainerSnapshot, job: Attribution | None, findings: list[Finding]) -> dict:
+def _rank(t: TrainerSnapshot, job: Attribution | None, said: str) -> dict:
     figures = next((r for r in job.ranks if r.pid == t.pid), None) if job is not None else None
     straggler = job.straggler if job is not None else None
     return {
         "rank": t.rank,
         "pid": t.pid,
-        "verdict": verdict(t, findings)[0],
+        "verdict": said,
         "straggler": straggler is not None and straggler.pid == t.pid,
         "data_wait_fraction": t.data_wait.fraction if t.data_wait else None,
         "sync_fraction": _round(None if figures is None else (
@@ -247,31 +250,30 @@ def notice_dict(n: Notice) -> dict:
     return {"id": n.id, "trainer_pid": n.trainer_pid, "message": n.message, "fix": n.fix}
 
 
-def build_report(
-    snapshots: Sequence[Snapshot],
-    findings: Iterable[Finding] = (),
-    extra_notices: Iterable[Notice] = (),
-    plans: dict[tuple[int, float], Plan] | None = None,
-) -> dict:
-    """`plans`: each trainer's plan, keyed by (pid, started_at), as the diagnoser that made
-    the findings has them; worked out from the snapshots when not given."""
+def build_report(snapshots: Sequence[Snapshot], diagnosis: Diagnosis | None = None,
+                 extra_notices: Iterable[Notice] = ()) -> dict:
+    """The report of a window of snapshots, with `diagnosis`: the judgement the diagnoser
+    made at its last snapshot (the live view's, a recording's); worked out from the snapshots
+    when not given."""
     if not snapshots:
         raise ValueError("a report needs at least one snapshot")
-    findings = list(findings)
-    if plans is None:
-        plans = diagnose_with_plans(snapshots)[1]
+    if diagnosis is None:
+        diagnosis = diagnosed(snapshots).diagnosis
+    findings = list(diagnosis.findings)
     first, last = snapshots[0], snapshots[-1]
     notices = NoticeBoard()
-    for n in (*last.notices, *extra_notices):
+    for n in (*last.notices, *diagnosis.notices, *extra_notices):
         notices.add(n)
     host = last.host
+    jobs = jobs_dicts(last, diagnosis)
     return {
         "schema": SCHEMA,
         "created_at": iso(last.time),
         "duration_s": round(last.monotonic - first.monotonic, 3),
         "samples": len(snapshots),
         "interval_s": last.interval_s,
-        "jobs": jobs_dicts(last, snapshots, findings),
+        "verdict": headline(jobs),
+        "jobs": jobs,
         "host": {
             "hostname": host.hostname,
             "cpu_count": host.cpu_count,
@@ -283,7 +285,7 @@ def build_report(
             "dataloader_workers": host.dataloader_workers,
             "dataloader_trainers": host.dataloader_trainers,
         },
-        "trainers": [_trainer(t, snapshots, plans.get((t.pid, t.started_at)), findings) for t in last.trainers],
+        "trainers": [_trainer(t, snapshots, diagnosis.plan(t), diagnosis.verdict(t).text) for t in last.trainers],
         "findings": [finding_dict(f) for f in findings],
         "notices": [notice_dict(n) for n in notices.all()],
         "events": [
@@ -299,6 +301,35 @@ def build_report(
             for e in s.events
         ],
     }
+
+
+def headline(jobs: list[dict]) -> str:
+    """The report's one answer: the job the others wait for, else the one job's verdict, else
+    the first job's (the worst comes first in the live view's order)."""
+    named = [j for j in jobs if j.get("straggler")] or jobs
+    return str(named[0]["verdict"]) if named else "NO TRAINER SEEN"
+
+
+def verdict_of_report(report: dict) -> str:
+    """The answer a report gives: its own `verdict` (what the diagnoser said); for a report
+    written before it had one, the words its findings and figures give."""
+    if isinstance(report.get("verdict"), str):
+        return report["verdict"]
+    jobs = [j for j in report.get("jobs", ()) if isinstance(j, dict) and j.get("ranks_seen", 0) >= 2]
+    named = [j for j in jobs if j.get("straggler")] or (jobs if len(jobs) == 1 else [])
+    if named:
+        return str(named[0]["verdict"])
+    findings = [Finding(f["id"], f["severity"], f.get("trainer_pid"), f.get("title", ""), f.get("evidence") or {})
+                for f in report["findings"]]
+    waits = [t["data_wait_fraction"] for t in report["trainers"] if t["data_wait_fraction"] is not None]
+    found = word_of({f.id for f in findings}, findings, max(waits) if waits else None)
+    if found:
+        return found[0]
+    if report["trainers"] and all(t["status"] == "exited" for t in report["trainers"]):
+        return "EXITED"
+    if waits:
+        return (undecided(max(waits)) or ("HEALTHY", ""))[0]
+    return "NO DATA WAIT MEASURED"
 
 
 def to_json(report: dict) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from ..fields import REPORT_COLUMNS, WORKER_FIELD, row, worker_label
 from ..model import Snapshot, TrainerSnapshot
-from ..verdict import verdict_of_report
+from .report import verdict_of_report
 from .report_md import job_lines, plan_line, processes
 from .report_md import render as render_md
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from ..fields import REPORT_COLUMNS, WORKER_FIELD, human_bytes, human_percent, row, worker_label
-from ..verdict import verdict_of_report
+from .report import verdict_of_report
 
 
 def code(text) -> str:

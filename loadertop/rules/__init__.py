@@ -3,8 +3,10 @@
 Each rule module has `ID` and `check(Context) -> Check` for one trainer at one snapshot.
 RULES lists them in the order findings are shown (most fundamental first). The Diagnoser
 folds checks over history (a condition held HOLD_S raises a finding; CLEAR_S without it,
-or without evidence either way, clears it) and writes every finding's change from its
-trainer's latest plan; `diagnose(history)` is the same fold over a whole history.
+or without evidence either way, clears it), writes every finding's change from its
+trainer's latest plan, and says each trainer's and job's verdict: one immutable Diagnosis a
+tick (`.diagnosis`, rules/diagnosis.py), which every output shows. `diagnosed(history)` is the
+same fold over a whole history.
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ from . import (
 )
 from . import thresholds as T
 from .base import Check, Context, with_plan
+from .diagnosis import Diagnosis, Verdicts, frozen, jobs_said
 from .plan import Plan
+from .ranks import attributions
 
 # Most fundamental first: a hang, a death, a full /dev/shm, what takes the CPUs, then what
 # the loader itself costs.
@@ -103,16 +107,20 @@ class Diagnoser:
         self._recent: deque[Snapshot] = deque()
         self._states: dict[tuple[str, int, float], _State] = {}
         self.plans: dict[tuple[int, float], Plan] = {}  # each trainer's latest plan
+        self.verdicts = Verdicts()
+        self.diagnosis = Diagnosis()  # the latest tick's judgement
 
     def feed(self, snap: Snapshot) -> list[Finding]:
+        """One tick: its findings (its whole judgement is `.diagnosis` after it)."""
         self._recent.append(snap)
         while self._recent and self._recent[0].monotonic < snap.monotonic - LOOKBACK_S:
             self._recent.popleft()
+        compared = attributions(snap, self._recent)  # once a tick, for every rank's rules and every output
         live = set()
         for trainer in snap.trainers:
             if trainer.status != "running" and not any(e.trainer_pid == trainer.pid for e in snap.events):
                 continue
-            ctx = Context(snap, trainer, self._recent)
+            ctx = Context(snap, trainer, self._recent, compared)
             for rule_id, check in self.rules.items():
                 key = (rule_id, trainer.pid, trainer.started_at)
                 live.add(key)
@@ -132,7 +140,15 @@ class Diagnoser:
         known = {(t.pid, t.started_at) for t in snap.trainers}
         self.plans = {k: v for k, v in self.plans.items() if k in known}
         self.failed = {k: v for k, v in self.failed.items() if k[1] in {pid for pid, _ in known}}
-        return self.findings()
+        findings, pending = self.findings(), self.pending()
+        verdicts = {(t.pid, t.started_at): self.verdicts.say(snap.monotonic, t, findings, pending,
+                                                             self.plans.get((t.pid, t.started_at)))
+                    for t in snap.trainers}
+        self.verdicts.forget(known)
+        self.diagnosis = Diagnosis(snap.time, tuple(findings), tuple(pending), frozen(self.plans), frozen(compared),
+                                   frozen(verdicts), frozen(jobs_said(snap.trainers, verdicts, compared)),
+                                   tuple(self.notices()))
+        return findings
 
     @property
     def recent(self) -> list[Snapshot]:

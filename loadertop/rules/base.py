@@ -14,6 +14,7 @@ from ..vocabulary import Change, PlanPart, Severity
 from . import thresholds as T
 from .measure import Measured, hang_signature, measure
 from .plan import Plan, make_plan
+from .ranks import Attribution, attributions
 
 WARNING, CRITICAL = 1, 2
 SEVERITY: dict[int, Severity] = {0: "info", WARNING: "warning", CRITICAL: "critical"}
@@ -39,11 +40,17 @@ def pct(x: float | None) -> str:
 
 @dataclass
 class Context:
-    """One trainer at one snapshot, with the recent snapshots before it."""
+    """One trainer at one snapshot, with the recent snapshots before it, and its snapshot's
+    jobs of many ranks compared (once a tick, by the diagnoser; worked out here when not given)."""
 
     snap: Snapshot
     trainer: TrainerSnapshot
     recent: Sequence[Snapshot]  # oldest first, ending with snap
+    compared: Mapping[str, Attribution] | None = None
+
+    @cached_property
+    def jobs(self) -> Mapping[str, Attribution]:
+        return self.compared if self.compared is not None else attributions(self.snap, self.recent)
 
     def timed_history(self, seconds: float) -> list[tuple[float, TrainerSnapshot]]:
         """(epoch time, this trainer) over the last `seconds`, oldest first."""

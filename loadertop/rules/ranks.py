@@ -191,22 +191,15 @@ def jobs_of(snap: Snapshot) -> dict[str, list[TrainerSnapshot]]:
     return out
 
 
-_last: tuple[Snapshot, dict[str, Attribution]] | None = None
-
-
 def attributions(snap: Snapshot, recent: Sequence[Snapshot]) -> dict[str, Attribution]:
-    """Each job of the snapshot with two ranks or more, its ranks compared. Every rank's rule
-    asks for its job at the same snapshot: the last answer is kept (the snapshot with it, so
-    that its identity is not reused)."""
-    global _last
-    if _last is not None and _last[0] is snap:
-        return _last[1]
+    """Each job of the snapshot with two ranks or more, its ranks compared. The diagnoser
+    works it out once a tick and hands it to every rank's rules and to every output
+    (Diagnosis.jobs)."""
     out = {}
     for job, trainers in jobs_of(snap).items():
         figures = [f for t in trainers if (f := rank_figures(snap, t, recent)) is not None]
         if len({f.rank for f in figures}) >= 2:
             out[job] = attribute(figures)
-    _last = (snap, out)
     return out
 
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 from . import evidence as E
 from . import thresholds as T
 from .base import CRITICAL, FINE, UNKNOWN, WARNING, Check, Context, pct
-from .ranks import Attribution, attributions
+from .ranks import Attribution
 
 ID = "waits_for_rank"
 
 
 def job_of(ctx: Context) -> Attribution | None:
-    return attributions(ctx.snap, ctx.recent).get(ctx.trainer.job)
+    return ctx.jobs.get(ctx.trainer.job)
 
 
 def _with_straggler(ctx: Context) -> Attribution | None:

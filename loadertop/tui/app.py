@@ -17,7 +17,8 @@ from textual.message import Message
 from textual.widgets import Footer
 
 from ..model import Finding, Snapshot
-from ..rules.ranks import attributions, view_order
+from ..rules.diagnosis import Diagnosis
+from ..rules.ranks import view_order
 from .source import LiveSource, ScriptedSource, Source
 from .widgets.history import HistoryPanel
 from .widgets.panels import EventsPanel, FindingsPanel, HeaderPanel, OverviewPanel
@@ -73,18 +74,22 @@ class LoadertopApp(App):
         self.on_exit_callback = on_exit
         self._gpu = gpu
         self.history: deque[Snapshot] = deque(maxlen=KEPT_SNAPSHOTS)
-        self.findings: list[Finding] = []
-        self.pending: list[Finding] = []  # raised once they hold: a provisional verdict meanwhile
+        # The judgement of the snapshot on screen, made in the sampler's thread: shown, never redone.
+        self.diagnosis = Diagnosis()
         self.summary_shown = False
         self.snapshot: Snapshot | None = None
         self.selected = 0
         self.paused = False
         self.ended = False
-        self._latest: tuple[Snapshot, list[Finding], list[Finding]] | None = None  # snap, findings, pending
+        self._latest: tuple[Snapshot, Diagnosis] | None = None
         self._latest_lock = threading.Lock()
         self._tick_pending = False
         self._stop = threading.Event()
         self.ticks_shown = 0
+
+    @property
+    def findings(self) -> list[Finding]:
+        return list(self.diagnosis.findings)
 
     def compose(self) -> ComposeResult:
         yield HeaderPanel(id="header")
@@ -134,11 +139,8 @@ class LoadertopApp(App):
                 if result is None:
                     self.post_message(SourceEnded())
                     return
-                # The findings not held yet, read here where the diagnoser is fed (never from
-                # the UI's thread while it changes): a first look's provisional verdict.
-                pending_findings = source.diagnoser.pending()
                 with self._latest_lock:
-                    self._latest = (*result, pending_findings)
+                    self._latest = result
                     pending, self._tick_pending = self._tick_pending, True
                 if not pending:  # the UI has not taken the previous one: it will take this one
                     self.post_message(Tick())
@@ -152,14 +154,13 @@ class LoadertopApp(App):
             self._tick_pending = False
         if latest is None:
             return
-        snap, findings, pending = latest
+        snap, diagnosis = latest
         self.snapshot = snap
-        self.findings = findings
-        self.pending = pending
+        self.diagnosis = diagnosis
         self.history.append(snap)
         self.query_one(HistoryPanel).record(snap)
         self.query_one(EventsPanel).record(snap)
-        self.query_one(FindingsPanel).record(snap, findings)
+        self.query_one(FindingsPanel).record(snap, self.findings)
         for e in snap.events:
             if e.kind == "trainer_exited":
                 self.notify(f"trainer {e.pid} exited; its last data stays on screen (s saves a report)",
@@ -180,8 +181,7 @@ class LoadertopApp(App):
         snaps = list(self.history)[-SAVED_SNAPSHOTS:]
         running = summary.while_running(snaps)
         # The diagnosis as the job last ran (the live one has moved on to its exit).
-        diagnosis = diagnosed(running)
-        data = report.build_report(running, diagnosis.findings(), plans=diagnosis.plans)
+        data = report.build_report(running, diagnosed(running).diagnosis)
         self.push_screen(SummaryScreen(summary.render(data, summary.ended(snaps))))
 
     def on_source_ended(self, _: SourceEnded) -> None:
@@ -194,20 +194,17 @@ class LoadertopApp(App):
         snap = self.snapshot
         if snap is None:
             return
-        compared = attributions(snap, self.source.diagnoser.recent) if self.source is not None else {}
-        trainers = view_order(snap, compared)
+        diagnosis = self.diagnosis
+        trainers = view_order(snap, dict(diagnosis.jobs))
         self.selected = min(self.selected, max(0, len(trainers) - 1))
         trainer = trainers[self.selected] if trainers else None
-        plan = (self.source.diagnoser.plan(trainer.pid, trainer.started_at)
-                if trainer is not None and self.source is not None else None)
-        self.query_one(HeaderPanel).render_for(snap, trainer, self.findings, self.paused,
-                                               self.source is None or self.source.live, self.selected, len(trainers),
-                                               plan, self.pending)
+        self.query_one(HeaderPanel).render_for(snap, trainer, diagnosis, self.paused,
+                                               self.source is None or self.source.live, self.selected, len(trainers))
         self.query_one(HistoryPanel).render_for(snap, trainer, now=self.paused or self.ended)
-        self.query_one(OverviewPanel).render_for(snap, self.findings, self.selected, trainers, compared)
+        self.query_one(OverviewPanel).render_for(snap, diagnosis, self.selected, trainers)
         self.query_one(WorkersTable).show(trainer, snap.time)
-        failed = self.source.diagnoser.notices() if self.source is not None else []
-        notices = [n for n in (*snap.notices, *failed) if trainer is None or n.trainer_pid in (None, trainer.pid)]
+        notices = [n for n in (*snap.notices, *diagnosis.notices)
+                   if trainer is None or n.trainer_pid in (None, trainer.pid)]
         self.query_one(FindingsPanel).render_for(trainer, self.findings, notices)
         self.query_one(EventsPanel).render_for(trainer)
         self._fold_history()
@@ -307,7 +304,7 @@ class LoadertopApp(App):
             replay.interval_s = max(0.01, replay.interval_s / factor)
             self.notify(f"replay at one snapshot every {replay.interval_s:.2g} s")
 
-    def _show_prefix(self, replay: ScriptedSource, prefix: list[Snapshot], findings: list[Finding]) -> None:
+    def _show_prefix(self, replay: ScriptedSource, prefix: list[Snapshot], diagnosis: Diagnosis) -> None:
         self.history.clear()
         history = self.query_one(HistoryPanel)
         events = self.query_one(EventsPanel)
@@ -317,10 +314,10 @@ class LoadertopApp(App):
             self.history.append(snap)
             history.record(snap)
             events.record(snap)
-        self.snapshot, self.findings, self.pending = prefix[-1], findings, []
+        self.snapshot, self.diagnosis = prefix[-1], diagnosis
         findings_panel = self.query_one(FindingsPanel)
         findings_panel.since.clear()  # a seek knows the findings at its end only: counted from there
-        findings_panel.record(prefix[-1], findings)
+        findings_panel.record(prefix[-1], self.findings)
         self.ended = replay.position >= len(replay.snapshots)
         self.refresh_view()
         self.notify(f"snapshot {replay.position}/{len(replay.snapshots)}", timeout=2)
@@ -339,9 +336,7 @@ class LoadertopApp(App):
             self.notify("nothing sampled yet", severity="warning")
             return None
         snaps = list(self.history)[-SAVED_SNAPSHOTS:]
-        plans = self.source.diagnoser.plans if self.source is not None else None
-        failed = self.source.diagnoser.notices() if self.source is not None else []
-        data = report.build_report(snaps, self.findings, failed, plans=plans)
+        data = report.build_report(snaps, self.diagnosis)
         pid = snaps[-1].jobs[0] if snaps[-1].jobs else "host"
         stem = self.save_dir / f"loadertop-{pid}-{time.strftime('%Y%m%d-%H%M%S')}"
         try:

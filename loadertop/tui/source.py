@@ -7,8 +7,9 @@ import threading
 from collections.abc import Iterable
 from typing import Protocol
 
-from ..model import Finding, Snapshot
+from ..model import Snapshot
 from ..rules import Diagnoser
+from ..rules.diagnosis import Diagnosis
 from . import LIVE_INTERVAL_S
 
 
@@ -18,10 +19,10 @@ class Source(Protocol):
     live: bool  # real jobs now (the header says LIVE), not a replay
     lockstep: bool  # every snapshot must reach the screen: wait for the UI, never drop one
     interval_s: float  # seconds between two `next()` calls; the app may change it
-    diagnoser: Diagnoser  # the findings' plans, for a saved report
+    diagnoser: Diagnoser  # fed in the sampler's thread only: the UI reads each tick's Diagnosis
 
-    def next(self) -> tuple[Snapshot, list[Finding]] | None:
-        """The next snapshot and the findings then; None when the stream has ended."""
+    def next(self) -> tuple[Snapshot, Diagnosis] | None:
+        """The next snapshot and its judgement; None when the stream has ended."""
         ...
 
     def close(self) -> None: ...
@@ -59,12 +60,13 @@ class LiveSource:
         self.sampler.interval_s = value
         self.processes.slow_budget_s = SMAPS_S_PER_S * value
 
-    def next(self) -> tuple[Snapshot, list[Finding]] | None:
+    def next(self) -> tuple[Snapshot, Diagnosis] | None:
         # The first tick reads every process's threads and memory at once, whatever the budget:
         # the first answer needs them (busy threads, run-queue waits) within seconds, not minutes.
         snap = self.sampler.tick(complete=self._first)
         self._first = False
-        return snap, self.diagnoser.feed(snap)
+        self.diagnoser.feed(snap)
+        return snap, self.diagnoser.diagnosis
 
     def close(self) -> None:
         self.sampler.close()
@@ -84,23 +86,23 @@ class ScriptedSource:
         self.diagnoser = Diagnoser()
         self._lock = threading.Lock()
 
-    def next(self) -> tuple[Snapshot, list[Finding]] | None:
+    def next(self) -> tuple[Snapshot, Diagnosis] | None:
         with self._lock:
             if self.position >= len(self.snapshots):
                 return None
             snap = self.snapshots[self.position]
             self.position += 1
-            return snap, self.diagnoser.feed(snap)
+            self.diagnoser.feed(snap)
+            return snap, self.diagnoser.diagnosis
 
-    def seek(self, position: int) -> tuple[list[Snapshot], list[Finding]]:
-        """Go to snapshot `position`; returns the snapshots up to it and the findings there."""
+    def seek(self, position: int) -> tuple[list[Snapshot], Diagnosis]:
+        """Go to snapshot `position`; returns the snapshots up to it and the judgement there."""
         with self._lock:
             self.position = max(1, min(len(self.snapshots), position))
             self.diagnoser = Diagnoser()
-            findings: list[Finding] = []
             for snap in self.snapshots[: self.position]:
-                findings = self.diagnoser.feed(snap)
-            return self.snapshots[: self.position], findings
+                self.diagnoser.feed(snap)
+            return self.snapshots[: self.position], self.diagnoser.diagnosis
 
     def close(self) -> None:
         pass

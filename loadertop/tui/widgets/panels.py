@@ -13,9 +13,8 @@ from textual.widgets import Static
 from ... import notices as N
 from ...fields import human_age, human_bytes, human_percent
 from ...model import Event, Finding, Snapshot, TrainerSnapshot
-from ...rules.plan import Plan
+from ...rules.diagnosis import Diagnosis
 from ...rules.ranks import Attribution, jobs_of
-from ...verdict import first_answer, job_verdict, verdict
 
 
 class Panel(Static):
@@ -44,31 +43,10 @@ def cpus_usable(trainer: TrainerSnapshot) -> str:
     return f"{cpus or '?'} CPU{'s' if cpus != 1 else ''} usable"
 
 
-def why_no_change(trainer: TrainerSnapshot, findings: list[Finding]) -> str:
-    """Why a trainer with a warning or critical finding has no setting to change: the most
-    fundamental such finding's own words (its suggestion, up to its first ';')."""
-    mine = [f for f in findings if f.trainer_pid in (None, trainer.pid) and f.severity != "info"]
-    if not mine:
-        return ""
-    return mine[0].suggestion.split(";")[0].strip() or mine[0].title
-
-
-def the_change(trainer: TrainerSnapshot, findings: list[Finding], plan: Plan | None) -> str:
-    """The one change to make for this trainer, with its predicted effect: the plan's, which
-    every finding's change is a slice of; else the most fundamental finding's own (a setting
-    the plan does not size, pin_memory). Empty when no finding asks for a change."""
-    mine = [f for f in findings if f.trainer_pid in (None, trainer.pid) and f.change]
-    if not mine:
-        return ""
-    if plan is not None and plan.change("workers", "threads", "shm"):
-        return plan.sentence()
-    return mine[0].suggestion
-
-
 class HeaderPanel(Panel):
-    def render_for(self, snap: Snapshot, trainer: TrainerSnapshot | None, findings: list[Finding],
-                   paused: bool, live: bool, index: int, count: int, plan: Plan | None = None,
-                   pending: list[Finding] | None = None) -> None:
+    def render_for(self, snap: Snapshot, trainer: TrainerSnapshot | None, diagnosis: Diagnosis,
+                   paused: bool, live: bool, index: int, count: int) -> None:
+        """The verdict and the change as the diagnoser said them this tick (never judged here)."""
         width = max(40, self.size.width or 80)
         top = Text()
         top.append(" loadertop ", style="bold reverse")
@@ -86,19 +64,21 @@ class HeaderPanel(Panel):
             top.append(cmd if len(cmd) <= room else cmd[: room - 1] + "…", style="dim")
         top.append(tail)
         line = Text()
-        word, colour, provisional = first_answer(trainer, findings, pending or [])
+        said = diagnosis.verdict(trainer)
+        word, colour, provisional = said.text, said.colour, said.provisional
         line.append(f" {word} ", style=f"bold reverse {colour}")
         dw = trainer.data_wait
         if provisional:
             # A first look: said at once, confirmed (or not) once it has held a full window.
             line.append(" provisional", style=f"italic {colour}")
-        if dw is None and word == "WATCHING" and live:
-            line.append("  data wait: measuring (py-spy's first 3 s look)", style="dim")
+        if said.measuring and live and trainer.status == "running":
+            seen = "py-spy's first 3 s look" if dw is None else "no DataLoader seen yet"
+            line.append(f"  data wait: measuring ({seen})", style="dim")
         else:
             line.append(f"  data wait {human_percent(dw.fraction if dw else None)}")
         if dw is not None and dw.source == "hook":
             line.append(" (exact, hook)", style="dim")
-        elif dw is not None and dw.first_look:
+        elif dw is not None and dw.first_look and provisional:
             line.append(f" (first {dw.window_s:.0f} s, confirming)", style="dim")
         util = [g.utilization_percent for g in snap.gpus if g.index in trainer.gpus]
         if util and util[0] is not None:
@@ -115,18 +95,17 @@ class HeaderPanel(Panel):
         top.truncate(width)
         line.truncate(width)
         tune = next((loader.tune for loader in trainer.loaders if loader.tune is not None), None)
-        if provisional:
-            findings = findings + [f for f in pending or [] if f not in findings]  # the change it would ask
-        change = the_change(trainer, findings, plan)
+        plan = diagnosis.plan(trainer)
+        change = said.change
         if tune is not None and tune.state != "off":
             # The tuner sizes the workers itself: what it does, and any change it cannot make.
             rest = plan.sentence(("threads", "shm")) if plan is not None and plan.change("threads", "shm") else ""
             todo = Text(" ⟳ " + tune.summary + (f" · {rest}" if rest else ""), style="bold cyan")
         elif change:
             todo = Text(" → " + change, style="bold green")
-        elif (why := why_no_change(trainer, findings)):
+        elif said.why_no_change:
             # A finding with nothing to change says why not: never "no change" over it.
-            todo = Text(" no setting to change: " + why, style="yellow")
+            todo = Text(" no setting to change: " + said.why_no_change, style="yellow")
         else:
             todo = Text(" no change to make", style="dim")
         todo.truncate(width, overflow="ellipsis")
@@ -138,10 +117,10 @@ class OverviewPanel(Panel):
     its own (its verdict, the rank it waits for, what that costs), then its ranks side by
     side in the app's order (the straggler first); one row per trainer of other jobs."""
 
-    def render_for(self, snap: Snapshot, findings: list[Finding], selected: int,
-                   order: list[TrainerSnapshot] | None = None, compared: dict[str, Attribution] | None = None) -> None:
+    def render_for(self, snap: Snapshot, diagnosis: Diagnosis, selected: int,
+                   order: list[TrainerSnapshot] | None = None) -> None:
         order = order if order is not None else list(snap.trainers)
-        compared = compared or {}
+        compared = diagnosis.jobs
         if len(order) < 2:
             self.display = False
             return
@@ -153,8 +132,9 @@ class OverviewPanel(Panel):
             job = compared.get(tr.job)
             if len(jobs.get(tr.job, ())) >= 2 and tr.job not in told:
                 told.add(tr.job)
-                self._job_line(t, tr.job, jobs[tr.job], job, findings)
-            word, colour = verdict(tr, findings)
+                self._job_line(t, tr.job, jobs[tr.job], job, diagnosis)
+            said = diagnosis.verdict(tr)
+            word, colour = said.text, said.colour
             marker = "▶" if i == selected else " "
             rank = f"rank {tr.rank}" if tr.rank is not None else f"job {tr.job_pid}"
             dw = tr.data_wait.fraction if tr.data_wait else None
@@ -168,9 +148,9 @@ class OverviewPanel(Panel):
 
     @staticmethod
     def _job_line(t: Text, name: str, trainers: list[TrainerSnapshot], job: Attribution | None,
-                  findings: list[Finding]) -> None:
-        ranks = [(tr.rank, *verdict(tr, findings)) for tr in trainers]
-        word, colour = job_verdict(job, ranks)
+                  diagnosis: Diagnosis) -> None:
+        said = diagnosis.job_verdicts.get(name)
+        word, colour = (said.text, said.colour) if said is not None else ("WATCHING", "cyan")
         seen = len(trainers)
         size = job.world_size if job is not None else None
         of = f"{seen} of {size} ranks seen" if size and size != seen else f"{seen} ranks"

@@ -1,43 +1,44 @@
-"""The one-word verdict on a trainer (STALLED, THROTTLED, INPUT-BOUND 62%, HEALTHY, ...), from
-its findings and data wait: the root cause first. Shared by the TUI header and the reports."""
+"""The words of a verdict on a trainer (STALLED, THROTTLED, INPUT-BOUND 62%, HEALTHY, ...) and
+on a job, from findings and data wait: the root cause first (pure). The diagnoser says them
+once a tick (rules/diagnosis.py); every output shows what it said. The colour beside each word
+is its tone, by name (red: the job loses time; yellow: it may; cyan: not known yet)."""
 
 from __future__ import annotations
 
 import re
 
-from . import rules as R
-from .model import Finding, TrainerSnapshot
-from .rules import thresholds as T
+from ..model import Finding, TrainerSnapshot
+from . import thresholds as T
+from .ranks import Attribution
 
 # (finding ids, verdict word, colour), root causes first: a hang, a death, a full /dev/shm,
-# what takes the CPUs, then what the loader costs.
+# what takes the CPUs, then what the loader costs (every rule's id has a word: a test checks it).
 ORDER = (
-    ((R.loader_stalled.ID,), "STALLED", "red"),
-    ((R.worker_died.ID,), "WORKER DIED", "red"),
-    ((R.shm_pressure.ID,), "SHM FULL", "red"),
+    (("loader_stalled",), "STALLED", "red"),
+    (("worker_died",), "WORKER DIED", "red"),
+    (("shm_pressure",), "SHM FULL", "red"),
     # A rank of a lockstep job that waits for another: the job's straggler is its cause.
-    ((R.waits_for_rank.ID,), "WAITS FOR RANK", "yellow"),
-    ((R.rank_straggler.ID,), "SLOWEST RANK", "red"),
-    ((R.cpu_oversubscribed.ID, R.worker_threads.ID, R.main_threads.ID, R.too_many_workers.ID), "OVERSUBSCRIBED",
-     "yellow"),
-    ((R.input_bound.ID, R.main_process_bound.ID), "INPUT-BOUND", "red"),
-    ((R.worker_memory_growth.ID,), "MEMORY GROWING", "yellow"),
-    ((R.worker_respawn.ID, R.pin_memory_off.ID), "TUNE", "yellow"),
+    (("waits_for_rank",), "WAITS FOR RANK", "yellow"),
+    (("rank_straggler",), "SLOWEST RANK", "red"),
+    (("cpu_oversubscribed", "worker_threads", "main_threads", "too_many_workers"), "OVERSUBSCRIBED", "yellow"),
+    (("input_bound", "main_process_bound"), "INPUT-BOUND", "red"),
+    (("worker_memory_growth",), "MEMORY GROWING", "yellow"),
+    (("worker_respawn", "pin_memory_off"), "TUNE", "yellow"),
 )
 # cpu_oversubscribed names what takes the CPUs.
 CPU_CAUSES = {"quota": "THROTTLED", "busy_host": "BUSY HOST"}
 
 
-def _word(ids: set[str], findings: list[Finding], wait: float | None) -> tuple[str, str] | None:
+def word_of(ids: set[str], findings: list[Finding], wait: float | None) -> tuple[str, str] | None:
     for rule_ids, word, colour in ORDER:
         if ids & set(rule_ids):
             if word == "OVERSUBSCRIBED":
-                causes = {f.evidence.get("cause") for f in findings if f.id == R.cpu_oversubscribed.ID}
+                causes = {f.evidence.get("cause") for f in findings if f.id == "cpu_oversubscribed"}
                 word = next((CPU_CAUSES[c] for c in causes if c in CPU_CAUSES), word)
             if word == "INPUT-BOUND" and wait is not None:
                 word = f"INPUT-BOUND {wait:.0%}"
             if word == "WAITS FOR RANK":
-                ranks = {f.evidence.get("straggler_rank") for f in findings if f.id == R.waits_for_rank.ID}
+                ranks = {f.evidence.get("straggler_rank") for f in findings if f.id == "waits_for_rank"}
                 word = f"WAITS FOR RANK {min(r for r in ranks if isinstance(r, int))}"
             return word, colour
     return None
@@ -56,7 +57,7 @@ def verdict(trainer: TrainerSnapshot | None, findings: list[Finding]) -> tuple[s
         return "EXITED", "magenta"
     mine = [f for f in findings if trainer is None or f.trainer_pid in (None, trainer.pid)]
     wait = trainer.data_wait.fraction if trainer and trainer.data_wait else None
-    found = _word({f.id for f in mine}, mine, wait)
+    found = word_of({f.id for f in mine}, mine, wait)
     if found:
         return found
     if wait is None:
@@ -77,32 +78,10 @@ def first_answer(trainer: TrainerSnapshot | None, findings: list[Finding],
     if trainer is not None and trainer.status != "exited" and waiting:
         # A root cause found but not held yet goes first, as the raised ones would put it.
         both = mine + waiting
-        found = _word({f.id for f in both}, both, dw.fraction if dw else None)
-        if found is not None and found != _word({f.id for f in mine}, mine, dw.fraction if dw else None):
+        found = word_of({f.id for f in both}, both, dw.fraction if dw else None)
+        if found is not None and found != word_of({f.id for f in mine}, mine, dw.fraction if dw else None):
             return (*found, True)
     return word, colour, provisional and word != "WATCHING"
-
-
-def verdict_of_report(report: dict) -> str:
-    # A job of many ranks is judged as a job: its straggler, or its ranks' common verdict.
-    jobs = [j for j in report.get("jobs", ()) if isinstance(j, dict) and j.get("ranks_seen", 0) >= 2]
-    named = [j for j in jobs if j.get("straggler")] or (jobs if len(jobs) == 1 else [])
-    if named:
-        return str(named[0]["verdict"])
-    findings = [_finding(f) for f in report["findings"]]
-    waits = [t["data_wait_fraction"] for t in report["trainers"] if t["data_wait_fraction"] is not None]
-    found = _word({f.id for f in findings}, findings, max(waits) if waits else None)
-    if found:
-        return found[0]
-    if report["trainers"] and all(t["status"] == "exited" for t in report["trainers"]):
-        return "EXITED"
-    if waits:
-        return (undecided(max(waits)) or ("HEALTHY", ""))[0]
-    return "NO DATA WAIT MEASURED"
-
-
-def _finding(f: dict) -> Finding:
-    return Finding(f["id"], f["severity"], f.get("trainer_pid"), f.get("title", ""), f.get("evidence") or {})
 
 
 # The job's verdict where no straggler is named: the most fundamental of its ranks' verdicts.
@@ -110,12 +89,12 @@ _ROOTS = ("STALLED", "WORKER DIED", "SHM FULL", "THROTTLED", "BUSY HOST", "OVERS
           "INPUT-BOUND", "DATA WAIT", "MEMORY GROWING", "TUNE", "WAITS FOR RANK", "WATCHING", "HEALTHY", "EXITED")
 
 
-def job_verdict(job, ranks: list[tuple[int | None, str, str]]) -> tuple[str, str]:
+def job_verdict(job: Attribution | None, ranks: list[tuple[int | None, str, str]]) -> tuple[str, str]:
     """(text, colour) for a job: `job` its ranks compared (rules.ranks.Attribution, or None
     for one process), `ranks` each rank's (rank, verdict, colour). A straggler names the job's
     verdict (`INPUT-BOUND on rank 1 of 2`); balanced ranks give theirs, the worst first."""
     straggler = job.straggler if job is not None else None
-    if straggler is not None:
+    if job is not None and straggler is not None:
         seen = len(job.ranks)
         of = job.world_size or seen
         text = "INPUT-BOUND" if straggler.cause == "input" else "SLOW STEP"

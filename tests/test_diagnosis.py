@@ -1,0 +1,200 @@
+"""One answer per job (issue 41): the diagnoser judges each tick once (rules/diagnosis.py), and
+the verdict it says keeps its invariants whatever the snapshots hold: no HEALTHY before a
+DataLoader was seen, a confirmed verdict never provisional again, an exited trainer never
+provisional, a confirmed class replaced only once the new one held. Every view shows that one
+judgement: the live header, the report (JSON, Markdown) and the exporter."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from synth import TRAINER, data_wait, host, snapshot, story, trainer
+
+from loadertop.model import Finding
+from loadertop.rules import Diagnoser, diagnosed
+from loadertop.rules.diagnosis import VERDICT_HOLD_S, Verdicts, kind_of, loader_seen
+
+pytestmark = pytest.mark.unit
+
+
+def finding(id_: str, severity: str = "critical", **evidence) -> Finding:
+    return Finding(id_, severity, TRAINER, f"{id_} title", evidence, suggestion=f"{id_} advice")
+
+
+INPUT = finding("input_bound")
+BUSY = finding("cpu_oversubscribed", "warning", cause="busy_host")
+DIED = finding("worker_died")
+
+
+def bare(**kw):
+    """The trainer as first seen: no worker, no loader from the hook, py-spy's first look."""
+    return trainer(workers=0, wait=replace(data_wait(0.0, window=3.0), first_look=True), **kw)
+
+
+def test_no_healthy_before_a_dataloader_is_seen():
+    # The review: "HEALTHY provisional data wait 0%" beside "no DataLoader workers (yet)".
+    v = Verdicts()
+    first = v.say(0.0, bare(), [], [], None)
+    assert (first.text, first.measuring, first.provisional) == ("WATCHING", True, False)
+    assert not loader_seen(bare())
+    # Its workers appear: now a figure can be judged (a first look, so provisional).
+    later = v.say(1.0, trainer(workers=1, wait=replace(data_wait(0.0, window=3.0), first_look=True)), [], [], None)
+    assert later.text == "HEALTHY" and later.provisional
+    # Seen once is seen: a tick between epochs with no worker alive is no new "not seen".
+    again = v.say(2.0, trainer(workers=0, wait=0.0), [], [], None)
+    assert again.text == "HEALTHY" and not again.measuring
+
+
+def test_a_loader_seen_by_py_spy_alone_counts():
+    # A loader without workers (num_workers=0) loads in the loop: py-spy sees its frames.
+    assert loader_seen(trainer(workers=0, wait=0.3))
+    assert not loader_seen(trainer(workers=0, wait=None))
+
+
+def test_a_confirmed_verdict_is_never_provisional_again():
+    # The review at 80x24: a confirmed INPUT-BOUND 26% turned back into "BUSY HOST provisional".
+    v = Verdicts()
+    t = trainer(workers=1, wait=0.26)
+    assert v.say(0.0, t, [INPUT], [], None).text == "INPUT-BOUND 26%"
+    for now in (1.0, 2.0, 3.0):
+        said = v.say(now, replace(t, data_wait=replace(t.data_wait, first_look=True)), [INPUT], [BUSY], None)
+        assert said.text == "INPUT-BOUND 26%" and not said.provisional, said
+
+
+def test_an_exited_trainer_is_never_provisional():
+    v = Verdicts()
+    t = replace(bare(), status="exited", workers=trainer(workers=1).workers)
+    said = v.say(0.0, t, [], [INPUT], None)
+    assert (said.text, said.provisional, said.measuring) == ("EXITED", False, False)
+
+
+def test_a_confirmed_class_gives_way_only_once_the_new_one_held():
+    v = Verdicts()
+    t = trainer(workers=1, wait=0.6)
+    assert v.say(0.0, t, [INPUT], [], None).text == "INPUT-BOUND 60%"
+    # The figure moves with the load: the class stays, the figure is the latest.
+    assert v.say(1.0, replace(t, data_wait=data_wait(0.55)), [INPUT], [], None).text == "INPUT-BOUND 55%"
+    # Another class for less than the hold: the confirmed verdict stays.
+    for now in range(2, 2 + int(VERDICT_HOLD_S)):
+        assert v.say(float(now), t, [BUSY], [], None).text == "INPUT-BOUND 55%", now
+    assert v.say(2.0 + VERDICT_HOLD_S, t, [BUSY], [], None).text == "BUSY HOST"
+    # A death cannot wait.
+    assert v.say(13.0 + VERDICT_HOLD_S, t, [DIED], [], None).text == "WORKER DIED"
+
+
+def test_a_rival_class_that_comes_and_goes_never_takes_over():
+    v = Verdicts()
+    t = trainer(workers=1, wait=0.6)
+    said = [v.say(float(now), t, [BUSY] if now % 3 else [INPUT], [], None).kind for now in range(60)]
+    assert set(said) == {"INPUT-BOUND"}, said
+
+
+def test_the_change_comes_with_the_verdict_and_a_critical_finding_never_says_no_change():
+    v = Verdicts()
+    said = v.say(0.0, trainer(workers=1, wait=0.6), [finding("loader_stalled")], [], None)
+    assert said.change == "" and said.why_no_change == "loader_stalled advice"
+
+
+# --- properties over generated histories ------------------------------------------------------
+
+tick = st.fixed_dictionaries({
+    "workers": st.integers(0, 3),
+    "wait": st.one_of(st.none(), st.floats(0.0, 1.0)),
+    "first_look": st.booleans(),
+    "exited": st.booleans(),
+    "cpu": st.floats(1.0, 100.0),
+})
+
+
+def history_of(ticks: list[dict]):
+    out = []
+    for i, k in enumerate(ticks):
+        dw = None if k["wait"] is None else replace(data_wait(k["wait"], window=3.0 if k["first_look"] else 30.0),
+                                                     first_look=k["first_look"])
+        t = trainer(workers=k["workers"], worker_cpu=k["cpu"], wait=dw, status="exited" if k["exited"] else "running")
+        if k["wait"] is None:
+            t = replace(t, data_wait=None)
+        out.append(snapshot(i, [t], host(cpu=k["cpu"])))
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(tick, min_size=1, max_size=25))
+def test_the_verdicts_invariants_hold_over_any_history(ticks):
+    d = Diagnoser()
+    seen_loader = confirmed = False
+    for snap in history_of(ticks):
+        d.feed(snap)
+        t = snap.trainers[0]
+        said = d.diagnosis.verdict(t)
+        seen_loader = seen_loader or loader_seen(t)
+        if t.status == "exited":
+            assert said.text == "EXITED" and not said.provisional
+            continue
+        if said.text == "HEALTHY":
+            assert seen_loader and t.data_wait is not None and t.data_wait.fraction is not None
+        if confirmed:
+            assert not said.provisional, said
+        confirmed = confirmed or (not said.provisional and not said.measuring)
+        if said.measuring:
+            assert said.kind == "WATCHING" and not said.provisional
+        # The header's change is the plan's change, or a finding's own; never one without a finding.
+        if said.change:
+            assert d.diagnosis.findings or d.diagnosis.pending
+
+
+def test_kind_drops_the_figures():
+    assert kind_of("INPUT-BOUND 62%") == "INPUT-BOUND"
+    assert kind_of("INPUT-BOUND 30-33% on every rank") == "INPUT-BOUND on every rank"
+
+
+# --- one judgement, every view -----------------------------------------------------------------
+
+
+def starved_history():
+    return story(25, lambda s: snapshot(s, [trainer(workers=1, worker_cpu=97.0, wait=0.62, usable=2)],
+                                        host(cpu_count=2, cpu=60.0)))
+
+
+def test_the_report_shows_the_verdict_the_diagnoser_said():
+    from loadertop.outputs.report import build_report
+    from loadertop.outputs.report_md import render
+
+    history = starved_history()
+    diagnosis = diagnosed(history).diagnosis
+    said = diagnosis.verdict(history[-1].trainers[0])
+    report = build_report(history, diagnosis)
+    assert report["verdict"] == report["trainers"][0]["verdict"] == report["jobs"][0]["verdict"] == said.text
+    assert render(report).splitlines()[0] == f"# loadertop report: {said.text}"
+
+
+def test_the_exporter_serves_the_verdict_the_diagnoser_said():
+    from prometheus_client.core import CollectorRegistry
+    from prometheus_client.exposition import generate_latest
+
+    from loadertop.outputs.export import Exporter
+
+    history = starved_history()
+
+    class Replay:
+        def __init__(self):
+            self.left = list(history)
+
+        def tick(self):
+            return self.left.pop(0)
+
+        def close(self):
+            pass
+
+    exporter = Exporter(Replay())
+    for _ in history:
+        exporter.sample_once()
+    registry = CollectorRegistry()
+    registry.register(exporter)
+    text = generate_latest(registry).decode()
+    said = exporter.diagnoser.diagnosis.verdict(history[-1].trainers[0]).text
+    line = next(line for line in text.splitlines() if line.startswith("loadertop_verdict{"))
+    assert f'verdict="{said}"' in line and 'provisional="0"' in line
