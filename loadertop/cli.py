@@ -380,17 +380,16 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         if args.pids:
             raise UsageError("give either PIDs or --from FILE, not both")
         snapshots = _read_recording(args.recording).snapshots
-        duration = snapshots[-1].monotonic - snapshots[0].monotonic
+        report = _report_of_recording(snapshots)
         interrupted = False
     else:
         if not args.pids:
             raise UsageError("which job? give its PID (`loadertop` lists them) or --from a recording")
         snapshots, interrupted = _sample_for_snapshot(args)
-        duration = args.duration
-    report = _report_of_snapshots(snapshots, duration)
+        report = _report_of_snapshots(snapshots, args.duration)
     if not args.recording and summary.ended(snapshots):
         # The job ended while it was watched: what it did over the run, in the terminal too.
-        sys.stderr.write(summary.render(_report_of_snapshots(summary.while_running(snapshots)), True))
+        sys.stderr.write(summary.render(_report_of_recording(snapshots), True))
     status = 0
     if args.output:
         status = _write_report(args.output, _render(args.output, report, snapshots))
@@ -450,31 +449,34 @@ def cmd_record(args: argparse.Namespace) -> int:
         sampler.close()
         raise UsageError(f"cannot write {args.output!r}: {e.strerror}") from None
     print(f"loadertop: recording to {args.output} (Ctrl-C stops)", file=sys.stderr)
+    # The summary is made from the snapshots as they were written, kept here: never read back
+    # by path (in a folder another user can write to, a FIFO swapped in hung root's `record`,
+    # and a forged file got summarised).
+    written: list = []
+
+    def write(snap) -> None:
+        recorder.write(snap)
+        written.append(snap)
+
     try:
-        run_ticks(sampler, args.duration if args.duration else float("inf"), recorder.write)
+        run_ticks(sampler, args.duration if args.duration else float("inf"), write)
     except KeyboardInterrupt:
         pass
     finally:
         sampler.close()
         recorder.close()
     print(f"loadertop: {recorder.written} snapshots in {args.output}", file=sys.stderr)
-    if recorder.written:
-        _write_summary(args.output)
+    if written:
+        _write_summary(args.output, written)
     return 0
 
 
-def _write_summary(recording: str) -> None:
+def _write_summary(recording: str, snapshots: list) -> None:
     """The run's summary, printed and written beside the recording (FILE.summary.md)."""
     from .outputs import summary
     from .outputs.report import write_file
 
-    try:
-        snapshots = _read_recording(recording).snapshots
-    except UsageError as e:  # the recording cannot be read back: it says why, the rest stands
-        print(f"loadertop: no summary: {e}", file=sys.stderr)
-        return
-    text = summary.render(_report_of_snapshots(summary.while_running(snapshots)), summary.ended(snapshots),
-                          recording=recording)
+    text = summary.render(_report_of_recording(snapshots), summary.ended(snapshots), recording=recording)
     sys.stderr.write(text)
     path = os.path.splitext(recording)[0] + ".summary.md"
     try:
@@ -616,19 +618,29 @@ def _report_of(path: str) -> dict:
                         for t in report["trainers"])):
             raise UsageError(f"{path}: not a loadertop report (no trainers with a pid and a command line)")
         return report
-    return _report_of_snapshots(_read_recording(path).snapshots)
+    return _report_of_recording(_read_recording(path).snapshots)
 
 
-def _report_of_snapshots(snapshots, duration: float | None = None) -> dict:
-    """The report of snapshots sampled over `duration` s (a recording's: its span)."""
+def _report_of_snapshots(snapshots, duration: float) -> dict:
+    """The report of a live `snapshot` sampled over `duration` s."""
     from .outputs.report import build_report
     from .rules import diagnosed, thresholds
 
-    if duration is None:
-        duration = snapshots[-1].monotonic - snapshots[0].monotonic
     # A short snapshot is one window of evidence: it may hold a finding for half its length.
     diagnoser = diagnosed(snapshots, hold_s=min(thresholds.HOLD_S, max(1.0, duration / 2)))
     return build_report(snapshots, diagnoser.diagnosis)
+
+
+def _report_of_recording(snapshots) -> dict:
+    """The report of a recording, as every view of it shows it (`snapshot --from`, the
+    summary, `diff`; `replay` at the same tick): the job at work up to its last tick that
+    ran the loop, judged by the live view's own diagnoser, so each says what was judged then."""
+    from .outputs import summary
+    from .outputs.report import build_report
+    from .rules import diagnosed
+
+    running = summary.while_running(snapshots)
+    return build_report(running, diagnosed(running).diagnosis)
 
 
 def cmd_diff(args: argparse.Namespace) -> int:

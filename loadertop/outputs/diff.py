@@ -142,10 +142,19 @@ def _findings_by_pid(report: dict) -> dict[int, dict[str, dict]]:
 
 
 def _loader_settings(t: dict) -> dict[str, dict]:
+    """Each loader's settings by its name; a worker count no one read (the hook is off, py-spy
+    had not read the locals yet) is the workers seen: a 2-worker job read "unset -> 2"."""
+    loaders = t.get("loaders") or []
+    seen = len(t.get("workers") or [])
+    if not loaders:
+        return {"DataLoader": {"num_workers": seen}} if seen else {}
     out = {}
-    for i, loader in enumerate(t.get("loaders", [])):
+    for i, loader in enumerate(loaders):
         name = loader.get("name") or loader.get("dataset_class") or f"loader {i}"
-        out[name] = {k: loader.get(k) for k in ("num_workers", "prefetch_factor", "persistent_workers", "batch_size")}
+        settings = {k: loader.get(k) for k in ("num_workers", "prefetch_factor", "persistent_workers", "batch_size")}
+        if settings["num_workers"] is None:
+            settings["num_workers"] = len(loader.get("worker_pids") or []) or (seen if len(loaders) == 1 else None)
+        out[name] = settings
     return out
 
 
@@ -158,6 +167,8 @@ def _settings(b: dict, a: dict) -> list[dict]:
             rows.append({"name": name, "before": x, "after": y})
 
     lb, la = _loader_settings(b), _loader_settings(a)
+    if len(lb) == 1 and len(la) == 1:  # one loader each: the same one, however each side names it
+        lb = {next(iter(la)): next(iter(lb.values()))}
     for name in [*lb, *(n for n in la if n not in lb)]:
         sb, sa = lb.get(name, {}), la.get(name, {})
         for key in ("num_workers", "prefetch_factor", "persistent_workers", "batch_size"):

@@ -44,9 +44,12 @@ def _mean(values: Iterable[float | None]) -> float | None:
 
 
 def _process(p: ProcessSample, window: Sequence[ProcessSample]) -> dict:
+    # Its id where py-spy read it at any time in the window (the last tick may not have read
+    # it): the Markdown table named it w?0 where the HTML chart of the same report said w0.
+    known = next((w.worker_id for w in reversed(window) if w.worker_id is not None), p.worker_id)
     return {
         "pid": p.pid,
-        "worker_id": p.worker_id,
+        "worker_id": known,
         "status": p.status,
         "cpu_percent": _mean(w.cpu_percent for w in window),
         "rss_bytes": p.rss_bytes,
