@@ -164,6 +164,7 @@ def _parser() -> argparse.ArgumentParser:
     fleet.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE (.json, .md or .html)")
     fleet.add_argument("--job", metavar="NAME", help="that job only (its train_job label), with each rank's "
                        "data wait over the last 30 minutes")
+    fleet.add_argument("--ended", action="store_true", help="list the jobs that ended in the last 10 minutes too")
     fleet.add_argument("--timeout", type=_positive, default=5.0, help="seconds a query may take (5)")
     fleet.add_argument("--interval", type=_interval, default=10.0, help="seconds between reads in the live view (10)")
 
@@ -566,7 +567,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
 
             FleetApp(prometheus, interval_s=args.interval).run()
             return 0
-        report = fleet.read(prometheus, job=args.job)
+        report = fleet.read(prometheus, job=args.job, ended=args.ended)
     except FleetError as e:
         raise UsageError(str(e)) from None
     if args.job is not None and not report["jobs"]:

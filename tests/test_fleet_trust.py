@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import json
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlparse
 
 import pytest
+from fake_prometheus import series, serving
 
 from loadertop.outputs import fleet as F
 from loadertop.probes.prometheus import Prometheus
@@ -25,10 +23,6 @@ LABELS = {"train_job": "job" + EVIL, "node": "node" + EVIL, "pod": "pod" + EVIL,
           "world_size": "2"}
 
 
-def series(metric: str, labels: dict, value: float = 0.5, at: float | str = NOW) -> dict:
-    return {"metric": {"__name__": metric, **labels}, "value": [at, str(value)]}
-
-
 def answer(query: str) -> list:
     if query.startswith("last_over_time(loadertop_finding"):
         return [series("loadertop_finding", {**LABELS, "rank": "1", "id": "input_bound" + EVIL}, 1)]
@@ -39,6 +33,8 @@ def answer(query: str) -> list:
                 series("loadertop_data_wait_ratio", {**LABELS, "rank": "3"}, 0.5, at="Infinity"),
                 {"metric": {"node": ["not", "a", "string"]}, "value": [NOW, "1"]},
                 {"metric": {"node": "n"}, "value": "nonsense"}]
+    if query.startswith("loadertop_trainer_info"):  # the ranks the agent serves now
+        return [series("loadertop_trainer_info", {**LABELS, "rank": r}, 1) for r in ("0", "1")]
     if query.startswith("last_over_time(loadertop_"):
         return []
     if "timestamp(" in query or query == "loadertop_host_cpu_percent":
@@ -48,22 +44,8 @@ def answer(query: str) -> list:
 
 @pytest.fixture
 def prometheus():
-    class Api(BaseHTTPRequestHandler):
-        def do_GET(self):
-            q = parse_qs(urlparse(self.path).query).get("query", [""])[0]
-            body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": answer(q)}})
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(body.encode())
-
-        def log_message(self, *a):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Api)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with serving(answer) as url:
+        yield url
 
 
 RAW = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
@@ -101,3 +83,45 @@ async def test_the_fleet_view_shows_hostile_labels_as_text(prometheus):
         row = [str(c) for c in app.query_one("#jobs").get_row_at(0)]
         assert row[0].startswith("[bold]x[/nope] job\\x1b]0;owned")
         assert not RAW.search(str(app.query_one("#ranks").render()))
+
+
+# --- one answer: what the node judged, live jobs only ----------------------------------------------
+
+JOB = {"train_job": "run:a", "world_size": "2"}
+
+
+def fleet_of(serving_now: set[str], verdicts: dict[str, str]):
+    def answer(query: str) -> list:
+        if query.startswith("loadertop_trainer_info"):
+            return [series("loadertop_trainer_info", {**JOB, "node": f"n{r}", "rank": r}) for r in sorted(serving_now)]
+        if query.startswith("last_over_time(loadertop_data_wait_ratio"):
+            return [series("loadertop_data_wait_ratio", {**JOB, "node": f"n{r}", "rank": r}, 0.1) for r in ("0", "1")]
+        if query.startswith("last_over_time(loadertop_verdict"):
+            return [series("loadertop_verdict", {**JOB, "node": f"n{r}", "rank": r, "verdict": v, "provisional": "0"})
+                    for r, v in verdicts.items()]
+        if query.startswith("last_over_time(loadertop_finding"):  # one finding, two severities' series
+            return [series("loadertop_finding", {**JOB, "node": "n1", "rank": "1", "id": "worker_died",
+                                                 "severity": sev}) for sev in ("warning", "critical")]
+        if "timestamp(" in query or query == "loadertop_host_cpu_percent":
+            return [series("x", {"node": n}, NOW) for n in ("n0", "n1")]
+        return []
+    return answer
+
+
+def test_the_fleet_shows_what_each_node_judged_and_a_finding_once():
+    with serving(fleet_of({"0", "1"}, {"0": "HEALTHY", "1": "WORKER DIED"})) as url:
+        (job,) = F.read(Prometheus(url), now=NOW)["jobs"]
+    by_rank = {r["rank"]: r for r in job["ranks"]}
+    assert by_rank[1]["verdict"] == "WORKER DIED" and by_rank[1]["findings"] == ["worker_died"]
+    assert job["verdict"] == "WORKER DIED on rank 1" and not job["ended"]
+
+
+def test_an_ended_job_is_marked_at_once_and_listed_only_when_asked():
+    with serving(fleet_of(set(), {"0": "HEALTHY", "1": "HEALTHY"})) as url:
+        assert F.read(Prometheus(url), now=NOW)["jobs"] == []
+        (job,) = F.read(Prometheus(url), now=NOW, ended=True)["jobs"]
+    assert job["ended"] and job["verdict"] == "ENDED" and {r["verdict"] for r in job["ranks"]} == {"ENDED"}
+    # One rank of two still served: the job is live, its ended rank says so.
+    with serving(fleet_of({"0"}, {"0": "HEALTHY", "1": "HEALTHY"})) as url:
+        (job,) = F.read(Prometheus(url), now=NOW)["jobs"]
+    assert not job["ended"] and {r["rank"]: r["verdict"] for r in job["ranks"]} == {0: "HEALTHY", 1: "ENDED"}

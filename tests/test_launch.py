@@ -32,3 +32,35 @@ def test_a_rank_in_a_kubernetes_pod_is_named_by_its_namespace_and_pod(tmp_path):
     assert kubernetes_pod({**k8s, "POD_NAME": "p", "POD_NAMESPACE": "ns"}, pid, str(tmp_path)) == ("ns", "p")
     assert kubernetes_pod(k8s, 1, str(tmp_path)) == (None, "resnet-worker-3")
     assert kubernetes_pod({"HOSTNAME": "gpu-node-7"}, pid, str(tmp_path)) == (None, None)  # not in a pod
+
+
+def _stat(comm: str):
+    from loadertop.probes.procfs import Stat
+
+    return Stat(pid=10, comm=comm, state="S", ppid=1, cpu_ticks=0, num_threads=1, start_ticks=1, rss_bytes=0,
+                exit_code=None)
+
+
+def test_a_launcher_is_torchrun_itself_never_a_shell_that_quotes_it():
+    # The review's node agent served duplicate series: a `bash -c "torchrun ..."` wrapper was taken
+    # for the launcher, and so the agent under it for a rank.
+    from loadertop.probes.discovery import launches_ranks
+
+    assert launches_ranks(_stat("pt_elastic"), [])
+    assert launches_ranks(_stat("torchrun"), ["/usr/local/bin/torchrun", "--nproc_per_node=2", "train.py"])
+    assert launches_ranks(_stat("python3"), ["/usr/bin/python3", "/usr/local/bin/torchrun", "train.py"])
+    assert launches_ranks(_stat("python"), ["python", "-m", "torch.distributed.run", "train.py"])
+    assert launches_ranks(_stat("python"), ["python", "-u", "-m", "torch.distributed.launch", "train.py"])
+    assert not launches_ranks(_stat("bash"), ["bash", "-c", "torchrun --nproc_per_node=2 train.py"])
+    assert not launches_ranks(_stat("python"), ["python", "train.py", "--note", "torchrun"])
+    assert not launches_ranks(_stat("loadertop"), ["/usr/bin/python3", "/usr/local/bin/loadertop", "export", "--all"])
+
+
+def test_loadertop_itself_is_no_job_but_its_demo_is():
+    from loadertop.probes.discovery import runs_loadertop
+
+    assert runs_loadertop(["/usr/local/bin/loadertop", "export", "--all"])
+    assert runs_loadertop(["/usr/bin/python3", "/usr/local/bin/loadertop", "export", "--all"])
+    assert runs_loadertop(["python", "-m", "loadertop", "snapshot", "12"])
+    assert not runs_loadertop(["python", "-m", "loadertop.demo_job", "--workers", "1"])
+    assert not runs_loadertop(["python", "train.py"])

@@ -3,7 +3,12 @@ their labels, each judged by the same rule as on one node (rules/ranks.py), as o
 `loadertop.fleet/1` report (JSON, Markdown for an incident, or text for the terminal).
 
 The figures are each series' latest value within LOOKBACK (so that a node whose agent stopped
-keeps its last figures, marked stale with their age, never shown as live)."""
+keeps its last figures, marked stale with their age, never shown as live). A rank whose series
+its node's agent no longer serves (the job ended: the agent dropped it, and Prometheus marked
+its series stale at the next scrape) is `ended`; a job all of whose ranks ended is listed only
+when asked (`ended=True`). Each rank's verdict is the one its node judged (`loadertop_verdict`,
+the live view's header there); only what needs every node (who waits for whom across nodes,
+the job's verdict) is worked out here, by the same rules."""
 
 from __future__ import annotations
 
@@ -11,10 +16,10 @@ import datetime as dt
 import html
 import time
 
+from ..model import Finding
 from ..probes.prometheus import Prometheus, Sample
-from ..rules import thresholds as T
 from ..rules.ranks import RankFigures, attribute
-from ..rules.verdict import job_verdict
+from ..rules.verdict import job_verdict, undecided, word_of
 from .report_md import cell, code
 
 SCHEMA = "loadertop.fleet/1"
@@ -57,9 +62,10 @@ def _matcher(job: str | None) -> str:
     return f'{{train_job="{escaped}"}}'
 
 
-def read(prom: Prometheus, now: float | None = None, job: str | None = None) -> dict:
+def read(prom: Prometheus, now: float | None = None, job: str | None = None, ended: bool = False) -> dict:
     """The fleet report: one query a figure (its cost grows with the jobs shown, not with the
-    fleet's history). `job`: that job only, its ranks with their data wait's history."""
+    fleet's history). `job`: that job only, its ranks with their data wait's history; `ended`:
+    list the jobs that ended within the lookback too."""
     now = time.time() if now is None else now
     only = _matcher(job)
     ranks: dict[tuple[str, str, str], dict] = {}
@@ -78,7 +84,13 @@ def read(prom: Prometheus, now: float | None = None, job: str | None = None) -> 
         f"sum by (train_job, node, rank) (last_over_time(loadertop_cpu_percent{only}[{LOOKBACK}]))")}
     findings: dict[tuple[str, str, str], list[str]] = {}
     for s in prom.query(f"last_over_time(loadertop_finding{only}[{LOOKBACK}]) == 1"):
-        findings.setdefault(_key(s), []).append(s.labels.get("id", ""))
+        found = findings.setdefault(_key(s), [])
+        if s.labels.get("id", "") not in found:  # one finding once, whatever its severity's series
+            found.append(s.labels.get("id", ""))
+    said: dict[tuple[str, str, str], str] = {}
+    for s in prom.query(f"last_over_time(loadertop_verdict{only}[{LOOKBACK}]) == 1"):
+        said[_key(s)] = s.labels.get("verdict", "")
+    serving = {_key(s) for s in prom.query(f"loadertop_trainer_info{only}")}  # the ranks agents serve now
     seen = {s.labels.get("node", ""): s.value for s in prom.query(
         f"max by (node) (timestamp(last_over_time(loadertop_host_cpu_percent[{LOOKBACK}])))")}
     # Live: Prometheus has the node's series now. A failed scrape (the agent stopped, the node
@@ -97,6 +109,7 @@ def read(prom: Prometheus, now: float | None = None, job: str | None = None) -> 
             "sync_frames_stderr": _r(row.get("frames_error")), "sync_blocked_stderr": _r(row.get("blocked_error")),
             "workers": int(row["workers"]) if "workers" in row else None, "cpu_percent": _r(cpu.get(key)),
             "findings": sorted(findings.get(key, [])), "stale": node in stale,
+            "ended": node not in stale and key not in serving, "node_verdict": said.get(key),
             "world_size": _rank(sizes.get(key, "")),
             "namespace": pods.get(key, (None, None))[0], "pod": pods.get(key, (None, None))[1],
         })
@@ -105,6 +118,8 @@ def read(prom: Prometheus, now: float | None = None, job: str | None = None) -> 
         for r in jobs.get(job, []):
             r["data_wait_history"] = ranks_history.get((r["node"], r["rank"]))
     out = [_job(name, rows) for name, rows in jobs.items() if name]
+    if not ended:
+        out = [j for j in out if not j["ended"]]
     out.sort(key=lambda j: (j["straggler"] is None, -(j["straggler"] or {}).get("cost_fraction", 0.0) or 0.0,
                             -max((r["data_wait_fraction"] or 0.0) for r in j["ranks"])))
     notices = [] if not prom.refused else [
@@ -147,7 +162,7 @@ def _r(x: float | None) -> float | None:
 
 def _job(name: str, rows: list[dict]) -> dict:
     rows.sort(key=lambda r: (r["rank"] is None, r["rank"] or 0, r["node"]))
-    live = [r for r in rows if not r["stale"] and r["rank"] is not None]
+    live = [r for r in rows if not r["stale"] and not r.get("ended") and r["rank"] is not None]
     figures = [RankFigures(r["rank"], r["node"], None, r["data_wait_fraction"], r["sync_frames_fraction"],
                            r["sync_blocked_fraction"], r["steps_per_s"], r["world_size"],
                            frames_error=r.get("sync_frames_stderr") or 0.0,
@@ -155,18 +170,21 @@ def _job(name: str, rows: list[dict]) -> dict:
     att = attribute(figures)
     waits = dict(att.waits)
     for r in rows:
-        r["wait_for_ranks_fraction"] = _r(waits.get(r["rank"])) if not r["stale"] else None
+        r["wait_for_ranks_fraction"] = _r(waits.get(r["rank"])) if not r["stale"] and not r.get("ended") else None
         r["verdict"] = _rank_verdict(r, att)
     size = max((r["world_size"] or 0 for r in rows), default=0) or None
     seen = len({r["rank"] for r in rows if r["rank"] is not None}) or len(rows)
+    over = bool(rows) and all(r.get("ended") for r in rows)
     text, _ = job_verdict(att if len(live) >= 2 else None,
-                          [(r["rank"], r["verdict"], "") for r in rows if not r["stale"]])
+                          [(r["rank"], r["verdict"], "") for r in rows if not r["stale"] and not r.get("ended")])
+    if over:
+        text = "ENDED"
     straggler = att.straggler
     stale = sorted({r["node"] for r in rows if r["stale"]})
     return {
         "job": name, "verdict": text, "nodes": sorted({r["node"] for r in rows}), "world_size": size,
         "ranks_seen": seen, "seen": f"{seen} of {size} ranks seen" if size and size != seen else f"{seen} ranks",
-        "stale_nodes": stale,
+        "stale_nodes": stale, "ended": over,
         "straggler": None if straggler is None else {
             "rank": straggler.rank, "node": straggler.node, "cause": straggler.cause,
             "cost_fraction": _r(att.cost)},
@@ -176,17 +194,27 @@ def _job(name: str, rows: list[dict]) -> dict:
 
 
 def _rank_verdict(r: dict, att) -> str:
+    """A rank's verdict: who it waits for across nodes (only the fleet sees every node), else
+    what its own node judged. An agent from before it exported verdicts: from its findings."""
     if r["stale"]:
         return "STALE"
+    if r.get("ended"):
+        return "ENDED"
     straggler = att.straggler
     if straggler is not None and r["rank"] in att.waiting:
         return f"WAITS FOR RANK {straggler.rank}"
     if straggler is not None and r["rank"] == straggler.rank and straggler.cause == "step":
         return "SLOWEST RANK"
+    if r.get("node_verdict"):
+        return str(r["node_verdict"])
     wait = r["data_wait_fraction"]
+    findings = [Finding(i, "warning", None, "", {}) for i in r["findings"]]
+    found = word_of(set(r["findings"]), findings, wait)
+    if found is not None:
+        return found[0]
     if wait is None:
         return "WATCHING"
-    return f"INPUT-BOUND {wait:.0%}" if wait >= T.DATA_WAIT_CRITICAL else "HEALTHY"
+    return (undecided(wait) or ("HEALTHY", ""))[0]
 
 
 def _pct(x: float | None) -> str:

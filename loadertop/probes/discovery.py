@@ -25,7 +25,40 @@ HELPER_MARKERS = (
     "multiprocessing.forkserver",
     "multiprocessing.semaphore_tracker",
 )
-LAUNCHER_MARKERS = ("torch.distributed.run", "torch.distributed.launch", "torchrun")
+
+def launches_ranks(st: procfs.Stat, args: list[str]) -> bool:
+    """torchrun's agent (or torch.distributed.launch): by its thread name, or by the program
+    its command line runs. A shell whose `-c` string holds "torchrun" is no launcher (its
+    child, the agent, was counted as a rank), nor is any other program that merely quotes it."""
+    if st.comm == "pt_elastic":
+        return True
+    if not args:
+        return False
+    program = os.path.basename(args[0])
+    if program == "torchrun":
+        return True
+    if not runs_python(st, args):
+        return False
+    rest = args[1:]
+    for i, a in enumerate(rest[:4]):
+        if a == "-m" and i + 1 < len(rest) and rest[i + 1] in ("torch.distributed.run", "torch.distributed.launch"):
+            return True
+        if not a.startswith("-"):
+            return os.path.basename(a) == "torchrun"  # the script python runs
+    return False
+
+
+def runs_loadertop(args: list[str]) -> bool:
+    """loadertop itself (the monitor, an exporter, a node agent): never a job to watch. Its demo's
+    training job (`-m loadertop.demo` modules) is one."""
+    if not args:
+        return False
+    if os.path.basename(args[0]) == "loadertop":
+        return True
+    rest = args[1:]
+    return any(a == "-m" and i + 1 < len(rest) and rest[i + 1] in ("loadertop", "loadertop.cli")
+               for i, a in enumerate(rest[:3])) or (len(rest) >= 1 and os.path.basename(rest[0]) == "loadertop")
+
 
 def runs_python(st: procfs.Stat, args: list[str]) -> bool:
     """A Python interpreter: by its name, or by the program its command line starts."""
@@ -101,8 +134,7 @@ class Discovery:
         return any(m in args for m in HELPER_MARKERS)
 
     def is_launcher(self, st: procfs.Stat) -> bool:
-        args = self.cmdline(st) or []
-        return any(m in a for a in args[:3] for m in LAUNCHER_MARKERS)
+        return launches_ranks(st, self.cmdline(st) or [])
 
     def is_python(self, st: procfs.Stat) -> bool:
         if st.comm.startswith("python") or st.comm == WORKER_COMM:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ..model import BusyProcess, HostLoader, HostSnapshot
 from . import procfs
 from .cgroup import cpu_limit
-from .discovery import LAUNCHER_MARKERS, WORKER_COMM, is_fork_server, runs_python
+from .discovery import WORKER_COMM, is_fork_server, launches_ranks, runs_loadertop, runs_python
 
 
 def usable_cpus(pid: int | str = 0) -> int | None:
@@ -327,6 +327,11 @@ def job_roots(gpu_pids: frozenset[int] = frozenset()) -> set[int]:
     not part of the job."""
     roots = set()
     for pid in set(dataloader_owners()) | set(gpu_pids):
+        try:
+            if runs_loadertop(procfs.cmdline(pid) or []):
+                continue  # another loadertop (an exporter, a monitor) is no training job
+        except PermissionError:
+            pass
         root = pid
         for _ in range(64):
             st = procfs.read_stat(root)
@@ -347,4 +352,4 @@ def _launcher(st: procfs.Stat) -> bool:
         args = procfs.cmdline(st.pid) or []
     except PermissionError:
         return False
-    return any(m in a for a in args[:3] for m in LAUNCHER_MARKERS)
+    return launches_ranks(st, args)
