@@ -394,8 +394,12 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     status = 0
     if args.output:
         status = _write_report(args.output, _render(args.output, report, snapshots))
-    if args.json or not args.output:
-        sys.stdout.write(to_json(report))
+    if args.json or (not args.output and not sys.stdout.isatty()):
+        sys.stdout.write(to_json(report))  # JSON for scripts, pipes and files
+    elif not args.output:
+        from .outputs import report_text
+
+        sys.stdout.write(report_text.render(report))  # a person at a terminal: the answer first
     return status or (130 if interrupted else 0)
 
 

@@ -85,3 +85,33 @@ def test_diff_reads_the_workers_seen_where_no_one_read_num_workers(tmp_path):
     three = story(20, lambda s: snapshot(s, [trainer(workers=3, loaders=())]))
     (row,) = diff(build_report(plain), build_report(three))["trainers"][0]["settings"]
     assert (row["before"], row["after"]) == (2, 3)
+
+
+def test_snapshot_on_a_terminal_prints_the_answer_and_json_when_piped(tmp_path):
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    path, _ = recording(tmp_path)
+    cmd = [sys.executable, "-m", "loadertop", "snapshot", "--from", path]
+    piped = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert json.loads(piped.stdout)["schema"] == "loadertop.report/2"
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(cmd, stdin=follower, stdout=follower, stderr=subprocess.PIPE)
+    os.close(follower)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(leader)
+    assert proc.wait(timeout=60) == 0
+    text = seen.decode()
+    lines = text.splitlines()
+    assert lines[0].startswith("loadertop: INPUT-BOUND"), text
+    assert any(line.split()[:2] == ["WORKER", "PID"] for line in lines) and "w0" in text and "{" not in text
