@@ -6,7 +6,7 @@ and bench/ranks.py."""
 from __future__ import annotations
 
 import pytest
-from synth import TRAINER, host, process, snapshot, story, trainer
+from synth import TRAINER, host, process, replace, snapshot, story, trainer
 
 from loadertop.autotune.policy import Stretch
 from loadertop.autotune.propose import propose
@@ -22,6 +22,9 @@ def one_worker(wait: float, worker_cpu: float, cpus: int = 2) -> Stretch:
     def make(t):
         tr = trainer(workers=1, worker_cpu=worker_cpu, wait=wait, usable=cpus, cpu_set=tuple(range(cpus)),
                      main=process(TRAINER, 30.0, threads=4, busy_threads=1))
+        # A worker that waits on I/O is seen asleep (state S) most ticks; one that computes, runnable.
+        asleep = worker_cpu < 50.0
+        tr = replace(tr, workers=tuple(replace(w, status="sleeping" if asleep else "running") for w in tr.workers))
         return snapshot(t, [tr], host(cpus, cpu=40.0))
     history = story(30, make)
     m = measure(history[-1], history[-1].trainers[0], [s.trainers[0] for s in history], {}, None)

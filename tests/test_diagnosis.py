@@ -85,6 +85,15 @@ def test_a_confirmed_class_gives_way_only_once_the_new_one_held():
     assert v.say(13.0 + VERDICT_HOLD_S, t, [DIED], [], None).text == "WORKER DIED"
 
 
+def test_a_cause_found_or_cleared_is_said_at_once():
+    # Its finding held (or cleared) over its own hold already: no second wait.
+    v = Verdicts()
+    t = trainer(workers=1, wait=0.6)
+    assert v.say(0.0, t, [], [], None).text == "DATA WAIT 60%"
+    assert v.say(1.0, t, [INPUT], [], None).text == "INPUT-BOUND 60%"
+    assert v.say(2.0, replace(t, data_wait=data_wait(0.02)), [], [], None).text == "HEALTHY"
+
+
 def test_a_rival_class_that_comes_and_goes_never_takes_over():
     v = Verdicts()
     t = trainer(workers=1, wait=0.6)
@@ -198,3 +207,73 @@ def test_the_exporter_serves_the_verdict_the_diagnoser_said():
     said = exporter.diagnoser.diagnosis.verdict(history[-1].trainers[0]).text
     line = next(line for line in text.splitlines() if line.startswith("loadertop_verdict{"))
     assert f'verdict="{said}"' in line and 'provisional="0"' in line
+
+
+# --- a gain follows the figure it comes from ---------------------------------------------------
+
+loads = st.fixed_dictionaries({
+    "workers": st.integers(0, 8),
+    "wait": st.floats(0.0, 0.95),
+    "worker_cpu": st.floats(5.0, 100.0),
+    "usable": st.integers(1, 32),
+    "host_cpu": st.floats(5.0, 100.0),
+})
+
+
+@settings(max_examples=80, deadline=None)
+@given(loads)
+def test_a_loader_change_never_promises_more_than_removing_the_wait(k):
+    history = story(20, lambda s: snapshot(s, [trainer(workers=k["workers"], worker_cpu=k["worker_cpu"], wait=k["wait"],
+                                                       usable=k["usable"])],
+                                            host(cpu_count=k["usable"], cpu=k["host_cpu"])))
+    d = diagnosed(history)
+    for plan in d.plans.values():
+        if plan.gain is None or plan.thread_change or plan.chosen.threads_per_worker or plan.wait_now is None:
+            continue
+        w = plan.wait_now
+        assert plan.gain <= w / (1 - w) + 1e-9, (plan.gain, w, plan.cause)
+        for f in d.findings():
+            gain = f.evidence.get("predicted_gain")
+            if gain is not None and f.id == "input_bound":
+                assert gain <= w / (1 - w) + 1e-4  # evidence is rounded to 4 places
+
+
+# --- every figure a reason quotes agrees with the snapshot -------------------------------------
+
+
+def one_slow_worker(status: str, runqueue: float | None, main_cpu: float = 0.5, host_cpu: float = 95.0, busiest=(),
+                    cpus_busy: float | None = 1.9):
+    """The review's job on a busy 2-CPU host: 1 worker at 27 % CPU beside a loop at 0.5 %."""
+    def make(s):
+        t = trainer(workers=1, worker_cpu=27.0, wait=0.6, usable=2)
+        t = replace(t, main=replace(t.main, cpu_percent=main_cpu), cpus_busy=cpus_busy,
+                    workers=tuple(replace(w, status=status, runqueue_wait_s_per_s=runqueue) for w in t.workers))
+        return snapshot(s, [t], host(cpu_count=2, cpu=host_cpu, busiest=tuple(busiest)))
+    d = diagnosed(story(20, make))
+    return next(iter(d.plans.values())), d.findings()
+
+
+def test_workers_seen_runnable_are_not_said_to_wait_on_io():
+    plan, findings = one_slow_worker("running", None)
+    assert plan.cause != "loader_io"
+    assert not any("I/O" in f.suggestion or "I/O" in f.title for f in findings)
+    asleep, _ = one_slow_worker("sleeping", 0.0, host_cpu=20.0)
+    assert asleep.cause == "loader_io"
+
+
+def test_a_job_that_uses_few_of_its_cpus_is_not_said_to_keep_them_busy():
+    for busy, figure in ((1.9, "other processes keep 1.6 of"), (None, "while it uses 0.3 of its 2 CPUs")):
+        plan, findings = one_slow_worker("running", 0.7, cpus_busy=busy)
+        assert plan.cause == "busy_host", (busy, plan.cause)
+        said = " ".join(f.title + " " + f.suggestion for f in findings)
+        assert "and the loop keep" not in said and figure in said, said
+
+
+def test_the_processes_named_add_up_to_the_cpus_claimed_or_say_they_do_not():
+    from loadertop.model import BusyProcess
+
+    named = (BusyProcess(77, "python", "root", 0.4), BusyProcess(78, "pip", "root", 0.3))
+    _, findings = one_slow_worker("running", 0.7, busiest=named)
+    said = " ".join(f.suggestion for f in findings if f.id == "cpu_oversubscribed")
+    assert "python of root 0.4 CPU, pip of root 0.3 CPU" in said
+    assert "0.7 of the 1.6 together" in said, said

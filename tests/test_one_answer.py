@@ -20,6 +20,16 @@ from loadertop.tui.source import ScriptedSource
 pytestmark = pytest.mark.unit
 
 
+@pytest.fixture(autouse=True)
+def python_ignores_sigpipe():
+    """`cli.main` restores SIGPIPE's default for the command line (`snapshot | head`); in the
+    test process that would end the run at the next write to a closed socket."""
+    import signal
+
+    yield
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+
+
 def recording(tmp_path, at_work: int = 24, name: str = "run.ltrec"):
     """A starved job with 2 workers (py-spy read only one worker's id), then its exit."""
     def make(s: int):

@@ -162,11 +162,14 @@ def measured(me: Self, first: Reading, last: Reading, *, wait: float, num_worker
     loader = None
     if num_workers > 0:
         busy_threads = _mean([float(u.busy_threads) for u in usages])
+        cpu, runqueue = _mean([u.cpu for u in usages]), _mean([u.runqueue for u in usages])
+        # The share of time a worker's threads were runnable: on a CPU, or queued for one.
+        running = min(1.0, ((cpu or 0.0) + (runqueue or 0.0)) / max(1.0, busy_threads or 1.0))
         loader = LoaderWindow(
             dataset_class=config.get("dataset_class"), num_workers=num_workers, pids=tuple(sorted(last.workers)),
             prefetch_factor=prefetch_factor or T.DEFAULT_PREFETCH, persistent=config.get("persistent_workers"),
-            iterable=config.get("iterable"), cpu=_mean([u.cpu for u in usages]),
-            runqueue=_mean([u.runqueue for u in usages]), busy_threads=busy_threads, blocked=0.0, stopped=False,
+            iterable=config.get("iterable"), cpu=cpu, runqueue=runqueue, busy_threads=busy_threads, blocked=0.0,
+            running=running, stopped=False,
             uss_bytes=_worker_memory(list(last.workers), num_workers, available), read_bytes_per_s=None,
             ahead=False, thread_pools=(), doing=None, batch_bytes=config.get("batch_bytes"))
     shm = last.shm

@@ -49,7 +49,7 @@ def check(ctx: Context) -> Check:
             cpus, gain = plan.bigger_budget
             note += (f": a {cpus:g}-CPU quota (docker --cpus={cpus:g}, Kubernetes resources.limits.cpu: "
                      f"{cpus:g}) predicts ~{gain:+.0%} steps/s")
-    elif plan.cause == P.BUSY_HOST:
+    elif plan.cause == P.BUSY_HOST and budget.others_busy >= T.MIN_OTHERS_BUSY:
         title = (f"other processes keep {budget.others_busy:.1f} of the trainer's {budget.cpu_set} CPUs busy; "
                  f"its threads wait {runqueue:.1f} s per second to run")
         note = (f"the CPUs are taken by other processes{busiest(ctx)}, not by the loader: give the job its own "
@@ -57,6 +57,14 @@ def check(ctx: Context) -> Check:
         if plan.bigger_budget:
             cpus, gain = plan.bigger_budget
             note += f"; with {cpus:g} CPUs of its own ~{gain:+.0%} steps/s"
+    elif plan.cause == P.BUSY_HOST:
+        # Its threads queue though it uses few of its CPUs, and the busy CPUs were not read:
+        # no figure for the others, never a made-up one.
+        used = f"{budget.used:.1f}" if budget.used is not None else "n/a"
+        title = (f"the trainer's threads wait {runqueue:.1f} s per second to run while it uses {used} of its "
+                 f"{budget.cpu_set} CPUs")
+        note = (f"something outside the job takes its CPUs{busiest(ctx)}: give the job its own cores (taskset, "
+                "a cgroup cpuset, a dedicated node) or move the other work")
     elif plan.cause == P.THREADS:
         lw = m.loader
         busy = lw.num_workers * (lw.busy_threads or 1.0) if lw else 0.0
@@ -70,8 +78,15 @@ def check(ctx: Context) -> Check:
 
 def busiest(ctx: Context) -> str:
     """' (stress-ng of bob 0.9 CPU, ...)': the processes the host scan saw use the most CPU
-    outside the watched jobs, where it saw any."""
+    outside the watched jobs, where it saw any; with what they add up to where that is less
+    than the CPUs the others were said to keep busy (a list of 0.4 and 0.3 named for "1.7"
+    read as the whole)."""
     top = ctx.snap.host.busiest
     if not top:
         return ""
-    return " (" + ", ".join(f"{p.comm} of {p.user} {p.cores:.1f} CPU" for p in top) + ")"
+    named = ", ".join(f"{p.comm} of {p.user} {p.cores:.1f} CPU" for p in top)
+    total = sum(p.cores for p in top)
+    others = ctx.measured.budget.others_busy
+    if others - total >= T.MIN_OTHERS_BUSY:
+        return f" (the busiest: {named}; {total:.1f} of the {others:.1f} together, the rest spread over others)"
+    return f" ({named})"

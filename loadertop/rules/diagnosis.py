@@ -7,9 +7,11 @@ A verdict is said by rules that hold whatever the host does (`Verdicts`):
 - no HEALTHY before a DataLoader was seen and a data wait measured: WATCHING (measuring);
 - a first look (py-spy's short window, a finding not held yet) is provisional; once a verdict
   was confirmed it is never provisional again, and an exited trainer never is;
-- a confirmed verdict's class (its words without the figure) gives way to another only once the
-  new class held VERDICT_HOLD_S: one tick's reading on a busy host does not flip the answer,
-  except for what cannot wait (a hang, a death, a full /dev/shm, the end).
+- a confirmed verdict that names a cause (its words without the figure: INPUT-BOUND, BUSY HOST)
+  gives way to another cause only once the new one held VERDICT_HOLD_S: on a busy host the
+  findings behind two causes can both hold and take turns at the top, and the answer must not
+  flip with them; except for what cannot wait (a hang, a death, a full /dev/shm, the end). A
+  cause found or cleared is said at once: its finding held (or cleared) over its own hold.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ VERDICT_HOLD_S = T.HOLD_S
 # Classes that replace any other at once: the job cannot wait for them to hold.
 AT_ONCE = ("STALLED", "WORKER DIED", "SHM FULL", "EXITED")
 MEASURING = "WATCHING"
+# Verdicts that name no cause (no finding behind them): a cause replaces them, or they it, at once.
+NO_CAUSE = ("HEALTHY", "WATCHING", "DATA WAIT", "EXITED")
 
 TrainerKey = tuple[int, float]  # (pid, started_at)
 
@@ -174,7 +178,8 @@ class Verdicts:
     def _held(self, shown: _Shown, now: float, said: Verdict) -> Verdict:
         """said, or the confirmed verdict before it while said's class has not held yet."""
         before = shown.confirmed
-        if before is None or said.kind == before.kind or said.kind in AT_ONCE:
+        if (before is None or said.kind == before.kind or said.kind in AT_ONCE
+                or said.kind.startswith(NO_CAUSE) or before.kind.startswith(NO_CAUSE)):
             shown.confirmed, shown.rival = said, None
             return said
         if shown.rival != said.kind:

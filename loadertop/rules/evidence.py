@@ -140,6 +140,7 @@ class Plan(TypedDict, total=False):
     trainer_cpus_used: float | None
     throttled_fraction: float | None
     model: dict[str, Any]  # the model's terms and each setting's predicted steps/s
+    gain_capped_by_data_wait: bool  # the model predicted more than removing the wait can give
 
 
 class _Ranks(TypedDict):

@@ -123,7 +123,10 @@ def _what_takes_the_cpus(ctx: Context) -> str:
     if plan.cause == P.QUOTA:
         throttled = f", throttled in {budget.throttled:.0%} of its periods" if budget.throttled else ""
         return f"its {budget.quota:g}-CPU quota is what limits it{throttled}"
-    if plan.cause == P.BUSY_HOST:
+    if plan.cause == P.BUSY_HOST and budget.others_busy >= T.MIN_OTHERS_BUSY:
         return (f"other processes{busiest(ctx)} keep {budget.others_busy:.1f} of its {budget.cpu_set} CPUs busy: "
                 "give the job its own cores or move the other work")
+    if plan.cause == P.BUSY_HOST:
+        return (f"something outside the job takes its CPUs{busiest(ctx)}: give the job its own cores or move the "
+                "other work")
     return "its workers ask for more CPU than its CPUs give"

@@ -34,6 +34,8 @@ class LoaderWindow:
     runqueue: float | None  # mean seconds per second one worker's threads wait to run (throttling included)
     busy_threads: float | None  # mean threads per worker doing real work
     blocked: float  # share of samples in uninterruptible sleep (disk, network file systems)
+    # Share of samples in state R (on a CPU or queued for one): workers that wait on I/O seldom are.
+    running: float
     stopped: bool  # every worker stopped (SIGSTOP, a debugger) at the last tick
     uss_bytes: float | None  # mean private memory of one worker
     read_bytes_per_s: float | None  # mean of one worker
@@ -138,6 +140,7 @@ def _loader_window(config: LoaderConfig | None, members: tuple[ProcessSample, ..
     runqueue = mean_of(w.runqueue_wait_s_per_s for w in samples)
     busy = mean_of(w.busy_threads for w in samples)
     blocked = sum(1 for w in samples if w.status == "disk-sleep") / max(1, len(samples))
+    running = sum(1 for w in samples if w.status == "running") / max(1, len(samples))
     # Stacks read recently, one reading per dump (a dump stays on the samples until the next).
     readings: dict[int, dict[float, str]] = {}
     for w in samples:
@@ -166,6 +169,7 @@ def _loader_window(config: LoaderConfig | None, members: tuple[ProcessSample, ..
         runqueue=runqueue,
         busy_threads=busy,
         blocked=blocked,
+        running=running,
         stopped=all(w.status == "stopped" for w in members),
         uss_bytes=mean_of(w.uss_bytes for w in members),
         read_bytes_per_s=mean_of(w.read_bytes_per_s for w in samples),

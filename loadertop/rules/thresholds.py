@@ -116,6 +116,14 @@ MAX_RUNQUEUE_SHARE = 0.9
 MIN_PLANNED_CPUS = 0.25
 # Workers the plan may propose: I/O-bound loaders gain past the cores, up to this many per CPU.
 IO_WORKERS_PER_CPU = 4
+# CPUs other processes keep busy below this are no figure to name them by.
+MIN_OTHERS_BUSY = 0.2
+# A trainer whose workers queue for a CPU takes its CPUs itself only where it uses this share of
+# them; below it, something else does (another process, another scheduling group).
+OWN_LOAD_SHARE = 0.75
+# Workers seen in state R (running or queued) at least this share of the ticks are not the ones
+# that wait on I/O, whatever little CPU they got.
+IO_RUNNING_SHARE = 0.5
 MAX_WORKERS = 64
 # Bytes in flight must leave this much of /dev/shm and of the available memory free.
 SHM_LIMIT = 0.80
