@@ -66,10 +66,12 @@ class BusyProcess:
     comm: str
     user: str
     cores: float  # CPUs it used since the previous scan
+    group: str | None = None  # the scheduler's group it shares CPUs in (probes/cgroup.sched_group)
 
     def __post_init__(self) -> None:
         _clean(self, "comm")
         _clean(self, "user")
+        _clean(self, "group")
 
 
 @dataclass(frozen=True)
@@ -85,8 +87,8 @@ class HostSnapshot:
     dataloader_workers: int | None = None
     dataloader_trainers: int | None = None
     loaders: tuple[HostLoader, ...] = ()
-    # The processes outside the watched jobs that use the most CPU (top few), for a verdict
-    # that says what takes the CPUs.
+    # The processes outside the watched jobs that use the most CPU (busiest first), for a verdict
+    # that says what takes the CPUs, and with their scheduling groups whom more workers take from.
     busiest: tuple[BusyProcess, ...] = ()
 
     def __post_init__(self) -> None:
@@ -387,6 +389,7 @@ class TrainerSnapshot:
     gpus: tuple[int, ...] = ()  # indexes into Snapshot.gpus
     cpu_set: tuple[int, ...] = ()  # the CPUs it may run on (affinity)
     cpu_quota: float | None = None  # its cgroup's CPU quota, in CPUs
+    sched_group: str | None = None  # the scheduler's group: its cpu cgroup, else its autogroup (session)
     cpus_busy: float | None = None  # how many of its CPUs were busy (anyone's work), over seconds
     throttled_fraction: float | None = None  # share of quota periods that ran out of quota
     memory_headroom_bytes: int | None = None  # what its memory cgroup still allows, None: no limit

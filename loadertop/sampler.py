@@ -18,7 +18,7 @@ from .model import DataWait, Event, LoaderConfig, Notice, ProcessSample, Snapsho
 from .notices import NoticeBoard, describe_exit, job_status_notice, trainer_exit_notice
 from .numbers import int_or_none
 from .probes import procfs
-from .probes.cgroup import CpuLimit, cpu_limit, memory_headroom
+from .probes.cgroup import CpuLimit, cpu_limit, memory_headroom, sched_group
 from .probes.discovery import Discovery, Key, Tree, key_of
 from .probes.exits import ExitWatch
 from .probes.gpu import GpuProbe
@@ -64,6 +64,7 @@ class _Trainer:
     usable_at: float = float("-inf")
     cpu_set: tuple[int, ...] = ()
     cpu_limit: CpuLimit | None = None
+    sched_group: str | None = None  # the scheduler's group (cgroup, else autogroup): refreshed with the CPUs
     throttling: tuple[int, int] | None = None  # (periods, throttled) at the last tick
     throttled_fraction: float | None = None
     memory_headroom: int | None = None
@@ -351,6 +352,7 @@ class Sampler:
             shm=shm,
             cpu_set=state.cpu_set,
             cpu_quota=state.cpu_limit.cpus if state.cpu_limit else None,
+            sched_group=state.sched_group,
             cpus_busy=self.host.per_cpu.busy_cpus(state.cpu_set),
             throttled_fraction=state.throttled_fraction,
             memory_headroom_bytes=state.memory_headroom,
@@ -372,6 +374,7 @@ class Sampler:
             state.usable_cpus = usable_cpus(pid)
             state.cpu_set = cpu_set(pid) or ()
             state.cpu_limit = cpu_limit(pid)
+            state.sched_group = sched_group(pid)
             state.usable_at = now
         if now - state.memory_at >= MEMORY_HEADROOM_REFRESH_S:
             state.memory_headroom = memory_headroom(pid)

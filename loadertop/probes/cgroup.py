@@ -127,3 +127,18 @@ def memory_headroom(pid: int | str) -> int | None:
         for folder in _walk_up(os.path.join(ROOT, "memory"), groups["memory"]):
             add("memory.limit_in_bytes", "memory.usage_in_bytes", folder)
     return min(room) if room else None
+
+
+def sched_group(pid: int | str) -> str | None:
+    """The group the kernel's fair scheduler shares a contended CPU by, before it shares among
+    threads: the process's `cpu` cgroup; in the root group, its autogroup (one per session,
+    where `kernel.sched_autogroup_enabled=1`). A second worker takes a larger share only from
+    processes of the same group. None where neither can be read."""
+    found = paths(pid)
+    group = found.get("cpu", found.get(""))
+    if group is not None and group.strip("/"):
+        return f"cgroup:{group}"
+    line = _first_line(f"{procfs.PROC}/{pid}/autogroup")  # "/autogroup-45 nice 0"
+    if line:
+        return line.split()[0].lstrip("/")
+    return "cgroup:/" if group is not None else None

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..model import BusyProcess, HostLoader, HostSnapshot
 from . import procfs
-from .cgroup import cpu_limit
+from .cgroup import cpu_limit, sched_group
 from .discovery import WORKER_COMM, is_fork_server, launches_ranks, runs_loadertop, runs_python
 
 
@@ -283,7 +283,9 @@ class HostProbe:
     def _busiest_of(self, every: dict[int, procfs.Stat], owners: dict[int, _Owner],
                     now: float) -> tuple[BusyProcess, ...]:
         """The processes that used the most CPU since the previous scan, outside the jobs:
-        not a DataLoader trainer or worker, not loadertop and what it started (py-spy)."""
+        not a DataLoader trainer or worker, not loadertop and what it started (py-spy), the
+        busiest BUSY_KEPT of them, each with the scheduler's group it is in (two small reads
+        a process, once a scan)."""
         ours = {os.getpid(), *procfs.descendants(os.getpid())}
         ticks = {(st.pid, st.start_ticks): (now, st.cpu_ticks) for st in every.values()}
         used = []
@@ -298,12 +300,13 @@ class HostProbe:
                 used.append((cores, st))
         self._ticks = ticks
         used.sort(key=lambda c: -c[0])
-        return tuple(BusyProcess(st.pid, st.comm, _user(st.pid), round(cores, 2)) for cores, st in used[:BUSIEST])
+        return tuple(BusyProcess(st.pid, st.comm, _user(st.pid), round(cores, 2), sched_group(st.pid))
+                     for cores, st in used[:BUSY_KEPT])
 
 
 # A process counts among the busiest from this share of a CPU; the verdict names this many.
 BUSY_PROCESS_CORES = 0.1
-BUSIEST = 3
+BUSY_KEPT = 32  # the busy processes a snapshot keeps (the verdict names the first few)
 _users: dict[int, str] = {}
 
 

@@ -9,6 +9,7 @@ from . import thresholds as T
 from .base import CRITICAL, FINE, UNKNOWN, WARNING, Check, Context
 
 ID = "cpu_oversubscribed"
+NAMED = 3  # the busiest processes a reason names
 
 
 def check(ctx: Context) -> Check:
@@ -57,6 +58,8 @@ def check(ctx: Context) -> Check:
         if plan.bigger_budget:
             cpus, gain = plan.bigger_budget
             note += f"; with {cpus:g} CPUs of its own ~{gain:+.0%} steps/s"
+        if plan.trade:
+            note += f"; {plan.trade}"
     elif plan.cause == P.BUSY_HOST:
         # Its threads queue though it uses few of its CPUs, and the busy CPUs were not read:
         # no figure for the others, never a made-up one.
@@ -65,6 +68,8 @@ def check(ctx: Context) -> Check:
                  f"{budget.cpu_set} CPUs")
         note = (f"something outside the job takes its CPUs{busiest(ctx)}: give the job its own cores (taskset, "
                 "a cgroup cpuset, a dedicated node) or move the other work")
+        if plan.trade:
+            note += f"; {plan.trade}"
     elif plan.cause == P.THREADS:
         lw = m.loader
         busy = lw.num_workers * (lw.busy_threads or 1.0) if lw else 0.0
@@ -81,7 +86,7 @@ def busiest(ctx: Context) -> str:
     outside the watched jobs, where it saw any; with what they add up to where that is less
     than the CPUs the others were said to keep busy (a list of 0.4 and 0.3 named for "1.7"
     read as the whole)."""
-    top = ctx.snap.host.busiest
+    top = ctx.snap.host.busiest[:NAMED]
     if not top:
         return ""
     named = ", ".join(f"{p.comm} of {p.user} {p.cores:.1f} CPU" for p in top)

@@ -141,6 +141,7 @@ class Plan(TypedDict, total=False):
     throttled_fraction: float | None
     model: dict[str, Any]  # the model's terms and each setting's predicted steps/s
     gain_capped_by_data_wait: bool  # the model predicted more than removing the wait can give
+    one_more_worker_cpus: float  # on a busy host: the job's CPUs with one more worker, relative, less 1
 
 
 class _Ranks(TypedDict):

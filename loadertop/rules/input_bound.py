@@ -62,12 +62,16 @@ def check(ctx: Context) -> Check:
         if plan.cause in P.OVERSUBSCRIBED:
             # What takes the CPUs, said here: the finding that says more may not be shown.
             note += "; " + _what_takes_the_cpus(ctx)
+            if plan.trade:
+                note += f"; {plan.trade}"
         elif plan.cause == P.LOADER_IO:
             note += "; read larger chunks, cache or prefetch the data closer to the job"
         else:
             note += ("; make each item cheaper (preprocess offline, decode smaller or lighter samples, cache "
                      "decoded ones) or give the job more CPUs")
         return ctx.found(ID, level, title, evidence, note, span_s=dw.window_s)
+    if plan.trade:
+        why += f"; {plan.trade}"
     return ctx.found(ID, level, title, evidence, why, parts=("workers",), span_s=dw.window_s)
 
 

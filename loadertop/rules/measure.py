@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from statistics import fmean, median
 
 from ..fields import context_switches
-from ..model import WAITING_FOR_INDICES, LoaderConfig, ProcessSample, Snapshot, TrainerSnapshot
+from ..model import WAITING_FOR_INDICES, BusyProcess, LoaderConfig, ProcessSample, Snapshot, TrainerSnapshot
 from ..numbers import mean_of
 from ..vocabulary import CpuLimitKind
 from . import thresholds as T
@@ -65,6 +65,10 @@ class CpuBudget:
     used: float | None  # CPUs the trainer and all its workers use now
     throttled: float | None  # share of quota periods that ran out
     limit: CpuLimitKind  # what bounds `cpus`
+    # The busy processes outside the job by the scheduler's group (probes/cgroup.sched_group):
+    # in the trainer's own group (None: its group unread), and in each other group.
+    same_group: tuple[BusyProcess, ...] | None = None
+    other_groups: tuple[tuple[BusyProcess, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -225,8 +229,22 @@ def cpu_budget(snap: Snapshot, trainer: TrainerSnapshot, window: Sequence[Traine
     cpus = max(fair, available - others_use) if overlapping else available
     cpus = max(T.MIN_PLANNED_CPUS, min(available, cpus))
     limit = limit_of(bool(overlapping) and cpus < available - 1e-6, others_busy, size, quota)
+    same, other = _groups(snap, trainer)
     return CpuBudget(cpus=cpus, cpu_set=size, quota=quota, shared_with=len(overlapping),
-                     others_busy=others_busy, used=used, throttled=throttled, limit=limit)
+                     others_busy=others_busy, used=used, throttled=throttled, limit=limit,
+                     same_group=same, other_groups=other)
+
+
+def _groups(snap: Snapshot,
+            trainer: TrainerSnapshot) -> tuple[tuple[BusyProcess, ...] | None, tuple[tuple[BusyProcess, ...], ...]]:
+    """The busy processes in the trainer's scheduling group, and those of each other group."""
+    if trainer.sched_group is None:
+        return None, ()
+    by_group: dict[str | None, list[BusyProcess]] = {}
+    for p in snap.host.busiest:
+        by_group.setdefault(p.group, []).append(p)
+    same = tuple(by_group.pop(trainer.sched_group, []))
+    return same, tuple(tuple(c) for c in by_group.values())
 
 
 def limit_of(shared: bool, others_busy: float, size: int, quota: float | None) -> CpuLimitKind:

@@ -18,6 +18,7 @@ from . import evidence as E
 from . import thresholds as T
 from .loops import loader_call, loader_change
 from .measure import Measured
+from .share import Trade, one_more_worker
 from .throughput import Prediction, Setting, Terms, predict, terms
 
 # Root causes, most fundamental first: the verdict names the first that holds.
@@ -72,6 +73,8 @@ class Plan:
     # The worker count the model chose that the settled tuner measured no faster in place:
     # its measurement of this job wins over the model's prediction.
     tune_measured: int | None = None
+    # On a busy host: what one more worker takes, and from whom (rules/share.py), said as is.
+    trade: str = ""
 
     @property
     def changes_workers(self) -> bool:
@@ -532,8 +535,31 @@ def make_plan(m: Measured, hung: bool = False) -> Plan:
     if chosen.setting == now and not thread_change:
         gain = None if cause in INPUT_BOUND or cause == MAIN_LOADING else 0.0
         wait_after = m.wait
-    return Plan(chosen=chosen.setting, gain=gain, wait_after=wait_after, limit=limit,
-                shm_size=shm_size if pressure else None, shm_for_more=shm_size, bigger_budget=bigger, **base)
+    setting, trade = chosen.setting, ""
+    if cause == BUSY_HOST and m.wait is not None:
+        # Other processes hold the CPUs: a worker more takes a larger share only from those of the
+        # job's own scheduling group (its session, its cgroup). Said as the trade it is.
+        share = one_more_worker(m)
+        one_more = Setting(now.num_workers + 1, 0, now.prefetch_factor)
+        if share is not None:
+            trade = share.text(_names(m, share))
+            if (share.gain >= T.MIN_GAIN and m.wait >= T.DATA_WAIT_WARNING and now.num_workers > 0
+                    and fits(m, one_more, batch) is None):
+                setting, limit = one_more, None  # not capped by the CPUs others leave: it takes from them
+                gain = min(share.gain, m.wait / (1.0 - m.wait))
+                wait_after = max(0.0, 1.0 - (1.0 - m.wait) * (1.0 + gain))
+                evidence["one_more_worker_cpus"] = round(share.gain, 3)
+    return Plan(chosen=setting, gain=gain, wait_after=wait_after, limit=limit,
+                shm_size=shm_size if pressure else None, shm_for_more=shm_size, bigger_budget=bigger, trade=trade,
+                **base)
+
+
+def _names(m: Measured, share: Trade) -> str:
+    """' (python 4242 0.9 CPU, ...)': the processes of the job's own group it would take from."""
+    mine = (m.budget.same_group or ())[:3]
+    if not mine or share.same_group <= 0:
+        return ""
+    return " (" + ", ".join(f"{p.comm} {p.pid} {p.cores:.1f} CPU" for p in mine) + ")"
 
 
 def _model_evidence(t: Terms, current: Prediction, options: list[Prediction]) -> dict:
