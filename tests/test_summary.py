@@ -44,7 +44,9 @@ async def test_the_live_view_keeps_the_summary_on_screen_when_the_job_ends(job):
     j.wait_ready()
     app = LoadertopApp(LiveSource([j.pid], interval_s=0.5))
     async with app.run_test(size=(120, 36)) as pilot:
-        await wait_until(pilot, lambda: isinstance(app.screen, SummaryScreen), timeout=60)
+        # Pushed, then composed: wait for its text, not only the screen.
+        await wait_until(pilot, lambda: isinstance(app.screen, SummaryScreen) and bool(app.screen.query("Static")),
+                         timeout=60)
         text = str(app.screen.query_one("Static").render())
         assert "the job ended" in text and "Last verdict" in text, text
         await pilot.press("escape")  # back to the view, its last data kept
