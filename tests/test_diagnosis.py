@@ -120,7 +120,10 @@ tick = st.fixed_dictionaries({
 
 def history_of(ticks: list[dict]):
     out = []
+    ended = False
     for i, k in enumerate(ticks):
+        ended = ended or k["exited"]  # an exited trainer does not come back
+        k = {**k, "exited": ended}
         dw = None if k["wait"] is None else replace(data_wait(k["wait"], window=3.0 if k["first_look"] else 30.0),
                                                      first_look=k["first_look"])
         t = trainer(workers=k["workers"], worker_cpu=k["cpu"], wait=dw, status="exited" if k["exited"] else "running")
@@ -277,3 +280,22 @@ def test_the_processes_named_add_up_to_the_cpus_claimed_or_say_they_do_not():
     said = " ".join(f.suggestion for f in findings if f.id == "cpu_oversubscribed")
     assert "python of root 0.4 CPU, pip of root 0.3 CPU" in said
     assert "0.7 of the 1.6 together" in said, said
+
+
+def test_the_invariants_catch_each_contradiction_the_review_saw():
+    from loadertop.rules.diagnosis import Diagnosis, Verdict, frozen
+    from loadertop.rules.invariants import violations
+
+    t = bare()
+    snap = snapshot(0, [t])
+    key = (t.pid, t.started_at)
+    healthy = Diagnosis(verdicts=frozen({key: Verdict("HEALTHY", "green", provisional=True)}))
+    assert any("HEALTHY before a DataLoader" in v for v in violations(snap, healthy, None, set()))
+    confirmed = Diagnosis(verdicts=frozen({key: Verdict("INPUT-BOUND 26%", "red")}))
+    back = Diagnosis(verdicts=frozen({key: Verdict("BUSY HOST", "yellow", provisional=True)}), pending=(BUSY,))
+    assert any("went back to provisional" in v for v in violations(snap, back, confirmed, {key}))
+    asks = Diagnosis(verdicts=frozen({key: Verdict("HEALTHY", "green", change="DataLoader(num_workers=4)")}))
+    assert any("no finding asks for" in v for v in violations(snap, asks, None, {key}))
+    gone = snapshot(0, [replace(t, status="exited")])
+    exited = Diagnosis(verdicts=frozen({key: Verdict("EXITED", "magenta", provisional=True)}))
+    assert any("exited" in v for v in violations(gone, exited, None, {key}))
