@@ -125,3 +125,36 @@ def test_snapshot_on_a_terminal_prints_the_answer_and_json_when_piped(tmp_path):
     lines = text.splitlines()
     assert lines[0].startswith("loadertop: INPUT-BOUND"), text
     assert any(line.split()[:2] == ["WORKER", "PID"] for line in lines) and "w0" in text and "{" not in text
+
+
+def test_record_summarises_what_it_wrote_never_its_file_read_back(tmp_path, monkeypatch, capsys):
+    # The fourth review: in a folder another user can write to, a FIFO swapped in for the
+    # recording hung root's `record` when it read its file back for the summary.
+    from loadertop import sampler
+
+    _, snaps = recording(tmp_path, name="unused.ltrec")
+
+    class Replay:
+        interval_s = 1.0
+
+        def __init__(self, *a, **kw):
+            pass
+
+        def close(self):
+            pass
+
+    def ticks(sampler_, duration_s, on_snapshot, before_last=None):
+        for s in snaps:
+            on_snapshot(s)
+
+    def never(path):
+        raise AssertionError(f"record read {path} back")
+
+    monkeypatch.setattr(sampler, "Sampler", Replay)
+    monkeypatch.setattr(sampler, "run_ticks", ticks)
+    monkeypatch.setattr(cli, "_check_pids", lambda pids: None)
+    monkeypatch.setattr(cli, "_read_recording", never)
+    out = tmp_path / "run.ltrec"
+    assert cli.main(["record", "4000", "-o", str(out), "--no-stacks"]) == 0
+    summary_md = (tmp_path / "run.summary.md").read_text()
+    assert "Last verdict: **INPUT-BOUND" in summary_md and "the job ended" in summary_md
