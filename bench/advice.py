@@ -180,7 +180,10 @@ def cases() -> list[Case]:
 class Run:
     """One job of one case at one setting; a context manager that always kills it."""
 
-    def __init__(self, case: Case, setting: Setting, work_per_ms: float, duration: float) -> None:
+    def __init__(self, case: Case, setting: Setting, work_per_ms: float, duration: float,
+                 own_session: bool = True) -> None:
+        """own_session: the job in a session of its own (setsid, as launchers start jobs), else
+        in the bench's (beside what the bench starts: its scheduling group on a busy host)."""
         self.dir = Path(tempfile.mkdtemp(prefix="loadertop-advice-"))
         self.truth = self.dir / "truth.json"
         self.ready = self.dir / "ready"
@@ -201,7 +204,8 @@ class Run:
         self.ranks = max(1, case.ranks)
         self.log = open(self.dir / "job.log", "w")  # noqa: SIM115 (closed in close)
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True, cwd=REPO)
+                                     start_new_session=own_session, process_group=None if own_session else 0,
+                                     cwd=REPO)
 
     def __enter__(self) -> Run:
         return self

@@ -125,3 +125,76 @@ def test_an_ended_job_is_marked_at_once_and_listed_only_when_asked():
     with serving(fleet_of({"0"}, {"0": "HEALTHY", "1": "HEALTHY"})) as url:
         (job,) = F.read(Prometheus(url), now=NOW)["jobs"]
     assert not job["ended"] and {r["rank"]: r["verdict"] for r in job["ranks"]} == {0: "HEALTHY", 1: "ENDED"}
+
+
+# --- a Prometheus that stalls or sends the reader elsewhere (items 3 and 13) ------------------------
+
+
+def _server(handler):
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):
+            handler(self)
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+@pytest.mark.parametrize("drip", ["body", "headers"])
+def test_a_prometheus_that_drips_its_answer_is_cut_off_at_one_deadline(drip):
+    import time
+
+    from loadertop.probes.prometheus import FleetError
+
+    def slow(h):
+        try:
+            if drip == "headers":
+                for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 100:
+                    h.wfile.write(bytes([byte]))
+                    h.wfile.flush()
+                    time.sleep(0.2)
+            h.send_response(200)
+            h.end_headers()
+            for byte in b'{"status": "success", "data": {"result": []}}' * 10:
+                h.wfile.write(bytes([byte]))
+                h.wfile.flush()
+                time.sleep(0.2)  # each read well within the socket's timeout
+        except OSError:
+            pass
+
+    server, url = _server(slow)
+    try:
+        started = time.monotonic()
+        with pytest.raises(FleetError, match="did not answer within 1 s"):
+            Prometheus(url, timeout_s=1.0).query("up")
+        assert time.monotonic() - started < 3.0
+    finally:
+        server.shutdown()
+
+
+def test_a_redirect_off_the_given_origin_is_refused():
+    from loadertop.probes.prometheus import FleetError
+
+    elsewhere, other = _server(lambda h: (h.send_response(200), h.end_headers(),
+                                          h.wfile.write(b'{"status": "success", "data": {"result": []}}')))
+
+    def moved(h):
+        h.send_response(302)
+        h.send_header("Location", other + h.path)
+        h.end_headers()
+
+    server, url = _server(moved)
+    try:
+        with pytest.raises(FleetError, match="redirected to http://127.0.0.1:"):
+            Prometheus(url).query("up")
+        assert Prometheus(other).query("up") == []  # the same answer, asked there, is read
+    finally:
+        server.shutdown()
+        elsewhere.shutdown()

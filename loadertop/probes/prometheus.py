@@ -11,15 +11,20 @@ from __future__ import annotations
 
 import json
 import math
+import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
+from http.client import HTTPMessage
+from typing import IO
 
 from ..text import printable
 
-TIMEOUT_S = 5.0
+TIMEOUT_S = 5.0  # for one query, whole: a server that drips a byte every 2 s is cut off there
 MAX_BYTES = 64 << 20  # an answer past this is not one loadertop asked for
+CHUNK = 1 << 16
 MAX_LABEL = 256  # characters of a label value kept (an agent's are short: hosts, jobs, ranks)
 
 
@@ -81,23 +86,26 @@ class Prometheus:
         return out
 
     def _get(self, api: str, params: dict[str, str]) -> list:
-        """The result list of one API call, or FleetError saying what went wrong."""
+        """The result list of one API call, or FleetError saying what went wrong. The whole
+        call has one deadline (the socket's timeout holds only for one read: a server that
+        answers a byte every 2 s kept `fleet` waiting for ever); a redirect is followed only
+        within the given origin."""
         address = f"{self.url}/api/v1/{api}?{urllib.parse.urlencode(params)}"
-        try:
-            with urllib.request.urlopen(address, timeout=self.timeout_s) as r:  # noqa: S310 (the user's URL)
-                body = r.read(MAX_BYTES + 1)
-        except urllib.error.HTTPError as e:
-            if e.code in (401, 403):
-                raise FleetError(f"Prometheus at {self.url} refused the query ({e.code}): give a URL that needs no "
-                                 "credentials here, or one with them (http://user:password@host:9090)") from None
-            if e.code == 404:
-                raise FleetError(f"{self.url} has no Prometheus query API (404 for /api/v1/{api}): give the "
-                                 "Prometheus server's address, not an exporter's or a dashboard's") from None
-            raise FleetError(f"Prometheus at {self.url} answered {e.code} {e.reason}") from None
-        except (urllib.error.URLError, TimeoutError, OSError) as e:
-            reason = getattr(e, "reason", e)
-            raise FleetError(f"cannot reach Prometheus at {self.url} ({reason}): is it running, and is the "
-                             "address right?") from None
+        deadline = time.monotonic() + self.timeout_s
+        late = FleetError(f"Prometheus at {self.url} did not answer within {self.timeout_s:g} s (--timeout S "
+                          "allows more)")
+        # In a thread of its own, waited for until the deadline: a server that drips its headers
+        # a byte at a time holds urllib's reads, never the caller.
+        done: list = []
+        reader = threading.Thread(target=lambda: done.append(self._read(address, deadline, late)), daemon=True,
+                                  name="loadertop-prometheus")
+        reader.start()
+        reader.join(max(0.0, deadline - time.monotonic()) + 0.5)
+        if not done:
+            raise late
+        body = done[0]
+        if isinstance(body, BaseException):
+            raise body
         if len(body) > MAX_BYTES:
             raise FleetError(f"{self.url} answered more than {MAX_BYTES >> 20} MiB to one query")
         try:
@@ -113,6 +121,39 @@ class Prometheus:
             raise FleetError(f"{self.url} did not answer as Prometheus does (no result)")
         return result
 
+    def _read(self, address: str, deadline: float, late: FleetError) -> bytes | BaseException:
+        """The answer's body, or the error that says why there is none (returned: it runs in a
+        thread of its own)."""
+        try:
+            with _OPENER.open(address, timeout=self.timeout_s) as r:
+                _same_origin(self.url, r.geturl())
+                parts = []
+                size = 0
+                while size <= MAX_BYTES:
+                    if time.monotonic() > deadline:
+                        return late
+                    chunk = r.read1(CHUNK)
+                    if not chunk:
+                        break
+                    parts.append(chunk)
+                    size += len(chunk)
+                return b"".join(parts)
+        except FleetError as e:
+            return e
+        except urllib.error.HTTPError as e:
+            if e.code in (401, 403):
+                return FleetError(f"Prometheus at {self.url} refused the query ({e.code}): give a URL that needs no "
+                                  "credentials here, or one with them (http://user:password@host:9090)")
+            if e.code == 404:
+                api = urllib.parse.urlparse(address).path.rsplit("/", 1)[-1]
+                return FleetError(f"{self.url} has no Prometheus query API (404 for /api/v1/{api}): give the "
+                                  "Prometheus server's address, not an exporter's or a dashboard's")
+            return FleetError(f"Prometheus at {self.url} answered {e.code} {e.reason}")
+        except (urllib.error.URLError, TimeoutError, OSError, ValueError) as e:
+            reason = getattr(e, "reason", e)
+            return FleetError(f"cannot reach Prometheus at {self.url} ({reason}): is it running, and is the "
+                              "address right?")
+
 
 def _labels(item: object) -> dict[str, str] | None:
     """A series' labels, printable and bounded; None where they are not a flat map of strings."""
@@ -120,3 +161,23 @@ def _labels(item: object) -> dict[str, str] | None:
     if not isinstance(metric, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metric.items()):
         return None
     return {printable(k)[:MAX_LABEL]: printable(v)[:MAX_LABEL] for k, v in metric.items()}
+
+
+class _SameOrigin(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only to the origin it was asked (scheme, host and port): a server
+    that sends `fleet` elsewhere (another host, a metadata address) is refused."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str,
+                         headers: HTTPMessage, newurl: str) -> urllib.request.Request | None:
+        _same_origin(req.full_url, newurl)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def _same_origin(asked: str, got: str) -> None:
+    a, b = urllib.parse.urlparse(asked), urllib.parse.urlparse(urllib.parse.urljoin(asked, got))
+    if (a.scheme, a.hostname, a.port) != (b.scheme, b.hostname, b.port):
+        raise FleetError(f"{a.scheme}://{a.netloc} redirected to {b.scheme}://{b.netloc}: loadertop follows a "
+                         "redirect only within the address given; give the Prometheus server's own address")
+
+
+_OPENER = urllib.request.build_opener(_SameOrigin)
