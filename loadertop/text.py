@@ -31,3 +31,17 @@ def printable(text: str) -> str:
 
 def printable_or_none(text: str | None) -> str | None:
     return None if text is None else printable(text)
+
+
+def printable_tree(value: object, depth: int = 0) -> object:
+    """value (JSON: dicts, lists, strings, numbers) with every string, keys too, made printable:
+    a report file is whatever its author wrote."""
+    if depth > 64:
+        raise ValueError("nested too deep")
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {printable(str(k)): printable_tree(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [printable_tree(v, depth + 1) for v in value]
+    return value

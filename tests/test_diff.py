@@ -132,3 +132,56 @@ def test_each_figure_s_noise_comes_from_readings_that_do_not_overlap():
     w = windowed(points)
     assert w["readings"] == 3 and w["value"] == pytest.approx((0.7 + 0.7 + 0.5) / 3, abs=1e-4)
     assert windowed(points[:1])["stderr"] is None
+
+
+@pytest.mark.unit
+def test_what_a_report_file_says_reaches_no_output_raw_and_wrong_types_are_one_line(tmp_path, capsys):
+    # The fourth review (8, 9): diff printed a report's strings raw (the terminal, .md, .html and
+    # its "not comparable" line), and a report with wrong types ended it in a traceback.
+    import re
+    import signal
+
+    from synth import host, snapshot, story, trainer
+
+    from loadertop import cli
+    from loadertop.outputs.report import build_report
+
+    evil = "\x1b]52;c;ZXZpbA==\x07\x1b[2J\u202e\n## OK"
+    base = build_report(story(5, lambda s: snapshot(s, [trainer()], host())))
+    hostile = json.loads(json.dumps(base))
+    hostile["trainers"][0]["verdict"] = "HEALTHY" + evil
+    hostile["trainers"][0]["loaders"][0]["dataset_class"] = "D" + evil
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(base))
+    b.write_text(json.dumps(hostile))
+    raw = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e]")
+    try:
+        for args in ([], ["-o", str(tmp_path / "d.md")], ["-o", str(tmp_path / "d.html")]):
+            assert cli.main(["diff", str(a), str(b), *args]) == 0
+        out = capsys.readouterr().out
+        for text in (out, (tmp_path / "d.md").read_text(), (tmp_path / "d.html").read_text()):
+            assert not raw.search(text) and "\\x1b]52" in text
+        assert not [line for line in (tmp_path / "d.md").read_text().splitlines() if line.startswith("## OK")]
+        # Not comparable: the other program's name, shown printable on the one line.
+        other = json.loads(json.dumps(base))
+        other["trainers"][0]["cmdline"] = ["evil" + evil]
+        c = tmp_path / "c.json"
+        c.write_text(json.dumps(other))
+        assert cli.main(["diff", str(a), str(c)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and not raw.search(err) and "evil\\x1b]52" in err, err
+        # Wrong types deep inside: one line, exit 2.
+        for path, value in ((("trainers", 0, "figures"), "x"), (("trainers", 0, "loaders"), [5]),
+                            (("trainers", 0, "cmdline"), 5), (("duration_s",), "x")):
+            broken = json.loads(json.dumps(base))
+            target = broken
+            for key in path[:-1]:
+                target = target[key]
+            target[path[-1]] = value
+            d = tmp_path / "d.json"
+            d.write_text(json.dumps(broken))
+            assert cli.main(["diff", str(a), str(d)]) == 2, path
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and "Traceback" not in err, (path, err)
+    finally:
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
