@@ -408,3 +408,15 @@ def test_a_worker_id_no_dataloader_could_have_is_not_taken():
     assert forged != text
     info = parse_dump(forged, WORKER_PID)
     assert info.worker_id is None and info.num_workers == 2
+
+
+@pytest.mark.parametrize("path", ["/srv/jail/usr/lib/python3/site-packages/torch/utils/data/", ""])
+def test_the_loader_is_recognised_with_full_or_bare_file_names(path):
+    # The fourth review (15): a job chrooted into another root without a mount namespace of its
+    # own gave bare names (py-spy could not shorten them), and the starved job read HEALTHY
+    # with data wait 0.0. loadertop now asks py-spy for full names, and knows torch's iterator
+    # by its class where a name comes bare anyway.
+    text = (DATA / "record-starved-2-workers.txt").read_text().replace("torch/utils/data/", path)
+    counts = parse_raw(text, STARVED_PID)
+    total = sum(counts.values())
+    assert counts.get(WAIT, 0) + counts.get(MAIN, 0) > 0.3 * total, counts

@@ -62,7 +62,11 @@ _BLOCKED_LEAF = (
 
 
 def is_data_next(frame: str) -> bool:
-    return ".__next__ (" in frame and "torch/utils/data/dataloader.py" in frame
+    """torch's DataLoader iterator handing out a batch: by its file, or by its class where the
+    file name came bare (py-spy shortens names relative to the target's sys.path, and a job
+    chrooted into another root without a mount namespace gave `dataloader.py:733`)."""
+    return ".__next__ (" in frame and ("torch/utils/data/dataloader.py" in frame
+                                       or "DataLoaderIter.__next__ (dataloader.py:" in frame)
 
 
 def is_dispatch(frame: str) -> bool:

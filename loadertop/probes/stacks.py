@@ -424,7 +424,10 @@ class StackSampler:
         with open(errors, "w") as err:
             try:
                 proc = subprocess.Popen(
-                    [pyspy, "record", "--format", "raw", "--idle", "--nonblocking", "--threads",
+                    # Full file names: a frame is recognised by its package path wherever the job's
+                    # files are (py-spy shortens them relative to the target's sys.path, and a
+                    # chrooted job's came out bare).
+                    [pyspy, "record", "--format", "raw", "--idle", "--nonblocking", "--threads", "--full-filenames",
                      "--rate", str(rate), "--duration", str(window),
                      "--pid", str(pid), "--output", output],
                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
