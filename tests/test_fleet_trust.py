@@ -198,3 +198,20 @@ def test_a_redirect_off_the_given_origin_is_refused():
     finally:
         server.shutdown()
         elsewhere.shutdown()
+
+
+def test_a_fleet_past_the_cap_is_read_in_part_with_a_notice(monkeypatch):
+    from loadertop.probes import prometheus as P
+
+    monkeypatch.setattr(P, "MAX_SERIES", 50)
+    monkeypatch.setattr(F, "MAX_SERIES", 50)
+
+    def answer(query: str) -> list:
+        if query.startswith("last_over_time(loadertop_data_wait_ratio") or query.startswith("loadertop_trainer_info"):
+            return [series("m", {"train_job": f"job-{i}", "node": "n", "rank": "0"}) for i in range(120)]
+        return []
+
+    with serving(answer) as url:
+        report = F.read(Prometheus(url), now=NOW)
+    assert len(report["jobs"]) == 50
+    assert any("past the cap of 50" in n and "--job NAME" in n for n in report["notices"]), report["notices"]

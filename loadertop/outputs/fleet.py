@@ -17,7 +17,7 @@ import html
 import time
 
 from ..model import Finding
-from ..probes.prometheus import Prometheus, Sample
+from ..probes.prometheus import MAX_SERIES, Prometheus, Sample
 from ..rules.ranks import RankFigures, attribute
 from ..rules.verdict import job_verdict, undecided, word_of
 from .report_md import cell, code
@@ -125,6 +125,9 @@ def read(prom: Prometheus, now: float | None = None, job: str | None = None, end
     notices = [] if not prom.refused else [
         f"{prom.refused} series refused: labels or figures no loadertop agent writes (a rank or a "
         "time that is not a number, labels that are not strings); check the targets Prometheus scrapes"]
+    if prom.capped:
+        notices.append(f"{prom.capped} series left out past the cap of {MAX_SERIES} a query: the fleet is read in "
+                       "part; `--job NAME` reads one job whole")
     return {"schema": SCHEMA, "created_at": dt.datetime.fromtimestamp(now, dt.timezone.utc).isoformat(
         timespec="seconds"), "prometheus": prom.url, "nodes": nodes, "jobs": out, "notices": notices}
 
