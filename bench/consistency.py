@@ -12,7 +12,11 @@ Per job and host state:
   stepped there, `snapshot --from`, the summary, `diff` (the recording with itself) and the
   exporter fed the same snapshots: how many give the live header's verdict (goal 6 of 6);
 - with --ab on the busy host: 1 and 2 workers measured interleaved (--ab rounds of --seconds),
-  beside what loadertop's plan said of a second worker.
+  beside what loadertop's plan said of a second worker;
+- with --cost N (quiet host only): the answer's own cost, N interleaved rounds of one job run
+  unwatched, then watched by a `loadertop snapshot` of --seconds, each measured by the job's own
+  log over the same seconds; the watched/unwatched ratio per round (goal >= 0.97 on a job that
+  leaves no CPU idle: pick one, e.g. cpu_bound with --cost-workers 2 on 2 CPUs).
 
 --same-session starts the job in this bench's session, beside the hog (one scheduling group on a
 host with autogroups: there a 2nd worker takes CPU from the hog); by default the job runs in a
@@ -69,14 +73,23 @@ def classes(words: list[str]) -> int:
     return sum(1 for a, b in zip(kinds, kinds[1:], strict=False) if a != b)
 
 
-def snapshots(target: int, args) -> list[str]:
-    out = []
+def snapshots(target: int, args) -> tuple[list[str], list[str]]:
+    """Each snapshot's verdict, and the change its plan names (with its predicted gain)."""
+    said, changes = [], []
     for _ in range(args.snapshots):
         r = subprocess.run([sys.executable, "-m", "loadertop", "snapshot", str(target), "--duration",
                             str(args.snapshot), "--json"], capture_output=True, text=True,
                            timeout=args.snapshot + 120, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
-        out.append(json.loads(r.stdout)["verdict"] if r.returncode == 0 else f"ERROR {r.stderr.strip()[-80:]}")
-    return out
+        if r.returncode != 0:
+            said.append(f"ERROR {r.stderr.strip()[-80:]}")
+            changes.append("")
+            continue
+        report = json.loads(r.stdout)
+        said.append(report["verdict"])
+        plan = (report["trainers"][0].get("plan") or {}) if report["trainers"] else {}
+        gain = plan.get("predicted_gain")
+        changes.append(f"{plan.get('change')}" + (f" {gain:+.0%}" if plan.get("change") and gain is not None else ""))
+    return said, changes
 
 
 def live(target: int, args, path: str) -> dict:
@@ -162,6 +175,38 @@ def ab(case, args) -> dict:
     return {"w1": rates[1], "w2": rates[2], "ratios": [round(r, 3) for r in ratios]}
 
 
+def cost(case, args) -> dict:
+    """Watched against unwatched, interleaved within one run of the job (its speed drifts from
+    run to run more than the cost to measure): an unwatched stretch, a stretch watched by a
+    `loadertop snapshot`, another unwatched one; the watched one against the mean of the two."""
+    from dataclasses import replace
+
+    setting = replace(case.start, workers=args.cost_workers or case.start.workers)
+    ratios = []
+    per_round = 3 * (args.seconds + 15)
+    with Run(case, setting, args.work_per_ms, args.cost * per_round + 60, own_session=not args.same_session) as run:
+        run.wait_ready()
+        time.sleep(3.0)
+        target = run.trainer_pids()[0]
+        for _ in range(args.cost):
+            spans = []
+            for watched in (False, True, False):
+                start = time.time()
+                if watched:
+                    subprocess.run([sys.executable, "-m", "loadertop", "snapshot", str(target), "--duration",
+                                    str(args.seconds), "--json"], capture_output=True, timeout=args.seconds + 120,
+                                   cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+                else:
+                    time.sleep(args.seconds)
+                spans.append((start, time.time()))
+                time.sleep(2.0)  # loadertop gone, its py-spy reaped
+            time.sleep(0.6)
+            before, during, after = (run.steps_per_s(a, b) for a, b in spans)
+            if before > 0 and after > 0:
+                ratios.append(round(during / ((before + after) / 2), 3))
+    return {"case": case.name, "setting": setting.label(), "ratios": ratios}
+
+
 def run_case(case, busy: bool, args) -> dict:
     hog = Hog() if busy else None
     try:
@@ -173,8 +218,8 @@ def run_case(case, busy: bool, args) -> dict:
                 path = str(Path(d) / "live.ltrec")
                 watched = live(target, args, path)
                 seen = views(path)
-            shots = snapshots(target, args)
-        row = {"case": case.name, "host": "busy" if busy else "quiet", "snapshots": shots,
+            shots, changes = snapshots(target, args)
+        row = {"case": case.name, "host": "busy" if busy else "quiet", "snapshots": shots, "changes": changes,
                "snapshot_changes": classes(shots), **watched, "views": seen}
         if busy and args.ab and case.name != "healthy":
             row["ab"] = ab(case, args)
@@ -185,11 +230,12 @@ def run_case(case, busy: bool, args) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| job | host | snapshots | class changes | live: first confirmed | live: changes after | "
-           "invariants broken | views agreeing | 2 workers / 1 (busy) |", "|---|---|---|---|---|---|---|---|---|"]
+    out = ["| job | host | snapshots | their change | class changes | live: first confirmed | live: changes after | "
+           "invariants broken | views agreeing | 2 workers / 1 (busy) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ratios = r.get("ab", {}).get("ratios")
-        out.append(f"| {r['case']} | {r['host']} | {' · '.join(r['snapshots'])} | {r['snapshot_changes']} | "
+        out.append(f"| {r['case']} | {r['host']} | {' · '.join(r['snapshots'])} | {' · '.join(r['changes'])} | "
+                   f"{r['snapshot_changes']} | "
                    f"{r['first_confirmed']} | {r['changes_after_confirmed']} | {len(r['invariants_broken'])} | "
                    f"{r['views']['agree']} of {r['views']['of']} | {', '.join(map(str, ratios)) if ratios else ''} |")
     return "\n".join(out)
@@ -206,10 +252,19 @@ def main() -> int:
     p.add_argument("--ab", type=int, default=0, help="rounds of 1 vs 2 workers on the busy host (0: none)")
     p.add_argument("--seconds", type=float, default=20.0, help="seconds each A/B run is measured (20)")
     p.add_argument("--same-session", action="store_true", help="the job in this bench's session, beside the hog")
+    p.add_argument("--cost", type=int, default=0, help="rounds of watched against unwatched (0: none)")
+    p.add_argument("--cost-workers", type=int, default=0, help="workers for the cost runs (0: the case's own)")
     p.add_argument("--json", help="write the rows to this file")
     args = p.parse_args()
     args.work_per_ms = calibrate()
     chosen = [c for c in cases() if c.name in args.cases.split(",")]
+    if args.cost:
+        costs = [cost(case, args) for case in chosen]
+        for c in costs:
+            print(json.dumps(c), flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps(costs, indent=2))
+        return 0
     rows = []
     for case in chosen:
         for host in args.hosts.split(","):
