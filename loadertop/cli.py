@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from . import __version__
+from .text import count
 from .tui import LIVE_INTERVAL_S
 
 SUBCOMMANDS = ("snapshot", "demo", "record", "replay", "diff", "export", "fleet", "tune")
@@ -470,7 +471,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     finally:
         sampler.close()
         recorder.close()
-    print(f"loadertop: {recorder.written} snapshots in {args.output}", file=sys.stderr)
+    print(f"loadertop: {count(recorder.written, 'snapshot')} in {args.output}", file=sys.stderr)
     if written:
         _write_summary(args.output, written)
     return 0

@@ -45,3 +45,8 @@ def printable_tree(value: object, depth: int = 0) -> object:
     if isinstance(value, list):
         return [printable_tree(v, depth + 1) for v in value]
     return value
+
+
+def count(n: int, word: str) -> str:
+    """'1 worker', '2 workers': a count agrees with its noun."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"

@@ -20,6 +20,7 @@ from ..model import Finding
 from ..probes.prometheus import MAX_SERIES, Prometheus, Sample
 from ..rules.ranks import RankFigures, attribute
 from ..rules.verdict import job_verdict, undecided, word_of
+from ..text import count
 from .report_md import cell, code
 
 SCHEMA = "loadertop.fleet/1"
@@ -147,11 +148,6 @@ def history(prom: Prometheus, job: str, now: float | None = None) -> dict[tuple[
     return out
 
 
-def count(n: int, word: str) -> str:
-    """'1 job', '3 jobs'."""
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
 def _pod(r: dict) -> str:
     """' (pod namespace/name)' for a rank in a Kubernetes pod."""
     if not r.get("pod"):
@@ -186,7 +182,7 @@ def _job(name: str, rows: list[dict]) -> dict:
     stale = sorted({r["node"] for r in rows if r["stale"]})
     return {
         "job": name, "verdict": text, "nodes": sorted({r["node"] for r in rows}), "world_size": size,
-        "ranks_seen": seen, "seen": f"{seen} of {size} ranks seen" if size and size != seen else f"{seen} ranks",
+        "ranks_seen": seen, "seen": f"{seen} of {size} ranks seen" if size and size != seen else count(seen, "rank"),
         "stale_nodes": stale, "ended": over,
         "straggler": None if straggler is None else {
             "rank": straggler.rank, "node": straggler.node, "cause": straggler.cause,

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from ..fields import human_age
 from ..model import Snapshot
+from ..text import count
 from .diff import FIGURES, noise_text, value_text
 from .report_md import code, plan_line
 
@@ -40,7 +41,7 @@ def render(report: dict, job_ended: bool, recording: str | None = None) -> str:
         out.append(f"# loadertop summary: {rank}pid {t['pid']} {code(' '.join(t['cmdline'])[:120])}")
         out.append("")
         state = "ended" if job_ended else "still running when loadertop stopped"
-        watched = f"{human_age(report['duration_s'])} ({report['samples']} snapshots)"
+        watched = f"{human_age(report['duration_s'])} ({count(report['samples'], 'snapshot')})"
         out.append(f"- The loop was watched at work for {watched}; the job {state}.")
         out.append(f"- Last verdict: **{t['verdict']}**.")
         change = plan_line(t)

@@ -3,6 +3,7 @@ out, other processes take them, or its own workers ask for more than it has."""
 
 from __future__ import annotations
 
+from ..text import count
 from . import evidence as E
 from . import plan as P
 from . import thresholds as T
@@ -51,7 +52,7 @@ def check(ctx: Context) -> Check:
             note += (f": a {cpus:g}-CPU quota (docker --cpus={cpus:g}, Kubernetes resources.limits.cpu: "
                      f"{cpus:g}) predicts ~{gain:+.0%} steps/s")
     elif plan.cause == P.BUSY_HOST and budget.others_busy >= T.MIN_OTHERS_BUSY:
-        title = (f"other processes keep {budget.others_busy:.1f} of the trainer's {budget.cpu_set} CPUs busy; "
+        title = (f"other processes keep {budget.others_busy:.1f} of the trainer's {count(budget.cpu_set, 'CPU')} busy; "
                  f"its threads wait {runqueue:.1f} s per second to run")
         note = (f"the CPUs are taken by other processes{busiest(ctx)}, not by the loader: give the job its own "
                 "cores (taskset, a cgroup cpuset, a dedicated node) or move the other work")
@@ -65,7 +66,7 @@ def check(ctx: Context) -> Check:
         # no figure for the others, never a made-up one.
         used = f"{budget.used:.1f}" if budget.used is not None else "n/a"
         title = (f"the trainer's threads wait {runqueue:.1f} s per second to run while it uses {used} of its "
-                 f"{budget.cpu_set} CPUs")
+                 f"{count(budget.cpu_set, 'CPU')}")
         note = (f"something outside the job takes its CPUs{busiest(ctx)}: give the job its own cores (taskset, "
                 "a cgroup cpuset, a dedicated node) or move the other work")
         if plan.trade:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..text import count
 from . import evidence as E
 from . import plan as P
 from . import thresholds as T
@@ -128,8 +129,9 @@ def _what_takes_the_cpus(ctx: Context) -> str:
         throttled = f", throttled in {budget.throttled:.0%} of its periods" if budget.throttled else ""
         return f"its {budget.quota:g}-CPU quota is what limits it{throttled}"
     if plan.cause == P.BUSY_HOST and budget.others_busy >= T.MIN_OTHERS_BUSY:
-        return (f"other processes{busiest(ctx)} keep {budget.others_busy:.1f} of its {budget.cpu_set} CPUs busy: "
-                "give the job its own cores or move the other work")
+        cpus = count(budget.cpu_set, "CPU")
+        return (f"other processes{busiest(ctx)} keep {budget.others_busy:.1f} of its {cpus} busy: give the job its "
+                "own cores or move the other work")
     if plan.cause == P.BUSY_HOST:
         return (f"something outside the job takes its CPUs{busiest(ctx)}: give the job its own cores or move the "
                 "other work")

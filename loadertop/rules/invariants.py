@@ -13,7 +13,7 @@ a notice, never shown as a contradiction.
 from __future__ import annotations
 
 from ..model import Notice, Snapshot
-from .diagnosis import Diagnosis, loader_seen
+from .diagnosis import Diagnosis
 
 INVARIANT_BROKEN = "invariant_broken"
 SLACK = 1e-6
@@ -50,5 +50,3 @@ def notice(pid: int | None, what: str) -> Notice:
                   "this is a bug in loadertop: please report it with a recording (`loadertop record PID -o run.ltrec`)",
                   pid)
 
-
-__all__ = ["violations", "notice", "loader_seen", "INVARIANT_BROKEN"]

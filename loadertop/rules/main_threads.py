@@ -6,6 +6,7 @@ leave, with the plan's predicted effect (the plan weighs it with the worker coun
 
 from __future__ import annotations
 
+from ..text import count
 from . import evidence as E
 from . import plan as P
 from .base import CRITICAL, FINE, UNKNOWN, WARNING, Check, Context
@@ -33,7 +34,7 @@ def check(ctx: Context) -> Check:
         "proposed_main_threads": n, "cpus": round(m.budget.cpus, 2), "num_workers": m.num_workers,
         "data_wait_fraction": m.wait, "predicted_gain": gain}
     lw = m.loader
-    workers = f" beside {lw.num_workers} workers" if lw is not None and lw.num_workers else ""
+    workers = f" beside {count(lw.num_workers, 'worker')}" if lw is not None and lw.num_workers else ""
     cost = f" ({per_step * 1000:.0f} ms of CPU per step)" if per_step is not None else ""
     title = (f"the training loop runs {busy:.1f} busy threads{workers} on {m.budget.cpus:.1f} CPUs{cost}: "
              "they take the CPUs its workers need")

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..text import count
 from ..vocabulary import Cause, Change, PlanPart, SettingValue
 from . import evidence as E
 from . import thresholds as T
@@ -44,9 +45,9 @@ OVERSUBSCRIBED: tuple[Cause, ...] = (THREADS, MAIN_THREADS, QUOTA, BUSY_HOST, TO
 
 # What bounds the CPUs (measure.CpuBudget.limit), in the user's words.
 CPU_LIMITS = {
-    "cpus": "its {cpu_set} CPUs",
+    "cpus": "its {cpu_set}",
     "quota": "its {cpus:g}-CPU quota",
-    "shared": "its share ({cpus:.1f}) of CPUs it shares with {shared} other DataLoader job(s)",
+    "shared": "its share ({cpus:.1f}) of CPUs it shares with {shared}",
     "busy_host": "the {cpus:.1f} CPUs other processes leave it",
 }
 
@@ -450,8 +451,9 @@ def make_plan(m: Measured, hung: bool = False) -> Plan:
     t = terms(m)
     cause = _cause(m, t, hung)
     budget = m.budget
-    cpus_text = CPU_LIMITS.get(budget.limit, "its CPUs").format(cpus=round(budget.cpus, 1), cpu_set=budget.cpu_set,
-                                                                shared=budget.shared_with)
+    cpus_text = CPU_LIMITS.get(budget.limit, "its CPUs").format(
+        cpus=round(budget.cpus, 1), cpu_set=count(budget.cpu_set, "CPU"),
+        shared=count(budget.shared_with, "other DataLoader job"))
     evidence: E.Plan = {"cause": cause, "cpus": round(budget.cpus, 2), "cpu_limit": budget.limit,
                 "cpu_set": budget.cpu_set, "cpu_quota": budget.quota,
                 "other_processes_cpus": round(budget.others_busy, 2),

@@ -119,8 +119,10 @@ IO_WORKERS_PER_CPU = 4
 # CPUs other processes keep busy below this are no figure to name them by.
 MIN_OTHERS_BUSY = 0.2
 # A trainer whose workers queue for a CPU takes its CPUs itself only where it uses this share of
-# them; below it, something else does (another process, another scheduling group).
-OWN_LOAD_SHARE = 0.75
+# them; below it, something else does (another process, another scheduling group). Half, not
+# more: the review's job used 0.28 of 2 CPUs, and a line near a busy host's usual share (a
+# 50 % duty load beside a job that fills the rest uses 0.75) would flip the cause with it.
+OWN_LOAD_SHARE = 0.5
 # Workers seen in state R (running or queued) at least this share of the ticks are not the ones
 # that wait on I/O, whatever little CPU they got.
 IO_RUNNING_SHARE = 0.5

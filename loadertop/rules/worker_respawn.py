@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..text import count
 from . import evidence as E
 from . import thresholds as T
 from .base import FINE, UNKNOWN, WARNING, Check, Context
@@ -31,7 +32,7 @@ def check(ctx: Context) -> Check:
     every = seconds / generations if generations else None
     return ctx.found(
         ID, WARNING,
-        f"{respawns} workers re-created in {seconds:.0f} s" + (f" (every ~{every:.0f} s)" if every else ""),
+        f"{count(respawns, 'worker')} re-created in {seconds:.0f} s" + (f" (every ~{every:.0f} s)" if every else ""),
         evidence,
         "each epoch starts its workers again (dataset copied or re-imported, caches lost): "
         f"{loader_call(ctx.measured.loop, ['persistent_workers=True'])} keeps them alive across epochs",

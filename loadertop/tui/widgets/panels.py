@@ -15,6 +15,7 @@ from ...fields import human_age, human_bytes, human_percent
 from ...model import Event, Finding, Snapshot, TrainerSnapshot
 from ...rules.diagnosis import Diagnosis
 from ...rules.ranks import Attribution, jobs_of
+from ...text import count
 
 
 class Panel(Static):
@@ -140,7 +141,8 @@ class OverviewPanel(Panel):
             dw = tr.data_wait.fraction if tr.data_wait else None
             waits = job.wait_of(tr.rank) if job is not None and tr.rank is not None else None
             others = f"  waits for other ranks {human_percent(waits):>4}" if job is not None else ""
-            t.append(f"{marker}{i + 1} {rank:<8} pid {tr.pid:<8} {len(tr.workers):>2} workers  "
+            workers = "worker " if len(tr.workers) == 1 else "workers"
+            t.append(f"{marker}{i + 1} {rank:<8} pid {tr.pid:<8} {len(tr.workers):>2} {workers}  "
                      f"data wait {human_percent(dw):>4}{others}  ")
             t.append(word, style=f"bold {colour}")
             t.append("\n")
@@ -153,7 +155,7 @@ class OverviewPanel(Panel):
         word, colour = (said.text, said.colour) if said is not None else ("WATCHING", "cyan")
         seen = len(trainers)
         size = job.world_size if job is not None else None
-        of = f"{seen} of {size} ranks seen" if size and size != seen else f"{seen} ranks"
+        of = f"{seen} of {size} ranks seen" if size and size != seen else count(seen, "rank")
         t.append(f" JOB {name[:40]}  {of}  ", style="bold")
         t.append(word, style=f"bold reverse {colour}")
         if job is not None and job.straggler is not None:
