@@ -37,7 +37,7 @@ from . import (
 )
 from . import thresholds as T
 from .base import Check, Context, with_plan
-from .diagnosis import Diagnosis, Verdicts, frozen, jobs_said, loader_seen
+from .diagnosis import Diagnosis, Verdicts, frozen, jobs_said
 from .invariants import notice as broken
 from .invariants import violations
 from .plan import Plan
@@ -111,7 +111,6 @@ class Diagnoser:
         self.plans: dict[tuple[int, float], Plan] = {}  # each trainer's latest plan
         self.verdicts = Verdicts()
         self.diagnosis = Diagnosis()  # the latest tick's judgement
-        self.seen_loaders: set[tuple[int, float]] = set()  # trainers whose DataLoader was seen
 
     def feed(self, snap: Snapshot) -> list[Finding]:
         """One tick: its findings (its whole judgement is `.diagnosis` after it)."""
@@ -148,13 +147,11 @@ class Diagnoser:
                                                              self.plans.get((t.pid, t.started_at)))
                     for t in snap.trainers}
         self.verdicts.forget(known)
-        self.seen_loaders = {k for k in self.seen_loaders if k in known} | {
-            (t.pid, t.started_at) for t in snap.trainers if loader_seen(t)}
         jobs = frozen(jobs_said(snap.trainers, verdicts, compared))
         judged = Diagnosis(snap.time, tuple(findings), tuple(pending), frozen(self.plans), frozen(compared),
                            frozen(verdicts), jobs, tuple(self.notices()))
         # Checked before anything shows it: a contradiction is said as a bug, never shown as an answer.
-        broken_now = violations(snap, judged, self.diagnosis, self.seen_loaders)
+        broken_now = violations(snap, judged, self.diagnosis, self.verdicts.seen_loaders())
         if broken_now:
             if os.environ.get(RAISE_RULE_ERRORS):
                 raise AssertionError("; ".join(broken_now))

@@ -102,9 +102,6 @@ class Diagnosis:
     def job(self, name: str) -> Attribution | None:
         return self.jobs.get(name)
 
-    def of(self, trainer: TrainerSnapshot) -> list[Finding]:
-        return [f for f in self.findings if f.trainer_pid in (None, trainer.pid)]
-
 
 def loader_seen(trainer: TrainerSnapshot) -> bool:
     """A DataLoader of this trainer's was seen: its workers, the hook's loaders, or py-spy's
@@ -197,6 +194,10 @@ class Verdicts:
 
     def forget(self, keep: set[TrainerKey]) -> None:
         self.shown = {k: v for k, v in self.shown.items() if k in keep}
+
+    def seen_loaders(self) -> set[TrainerKey]:
+        """The trainers whose DataLoader was seen so far (the invariants check HEALTHY by it)."""
+        return {k for k, s in self.shown.items() if s.seen_loader}
 
 
 def jobs_said(trainers: tuple[TrainerSnapshot, ...], verdicts: Mapping[TrainerKey, Verdict],
