@@ -83,7 +83,7 @@ def render_report(name: str, app: LoadertopApp) -> None:
     if chromium is None or not app.history:
         return
     snaps = list(app.history)
-    page = report_html.render(report.build_report(snaps, app.findings, plans=app.source.diagnoser.plans), snaps)
+    page = report_html.render(report.build_report(snaps, app.diagnosis), snaps)
     with tempfile.TemporaryDirectory() as tmp:
         html = Path(tmp) / "report.html"
         html.write_text(page)
