@@ -381,8 +381,9 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     if args.recording:
         if args.pids:
             raise UsageError("give either PIDs or --from FILE, not both")
-        snapshots = _read_recording(args.recording).snapshots
-        report = _report_of_recording(snapshots)
+        recording = _read_recording(args.recording)
+        snapshots = recording.snapshots
+        report = _report_of_recording(snapshots, recording.judged)
         interrupted = False
     else:
         if not args.pids:
@@ -438,7 +439,9 @@ def _sample_for_snapshot(args: argparse.Namespace):
 
 
 def cmd_record(args: argparse.Namespace) -> int:
+    from .outputs import judgement
     from .outputs.record import Recorder
+    from .rules import Diagnoser
     from .sampler import Sampler, run_ticks
 
     _check_pids(args.pids)
@@ -459,10 +462,16 @@ def cmd_record(args: argparse.Namespace) -> int:
     # by path (in a folder another user can write to, a FIFO swapped in hung root's `record`,
     # and a forged file got summarised).
     written: list = []
+    # Each tick is judged as the live view judges it, and the judgement stored beside it: every
+    # view of the recording shows what was judged then (outputs/judgement.py).
+    diagnoser = Diagnoser()
+    judged: list = []
 
     def write(snap) -> None:
-        recorder.write(snap)
+        diagnoser.feed(snap)
+        recorder.write(snap, judgement.encode(diagnoser.diagnosis))
         written.append(snap)
+        judged.append(diagnoser.diagnosis)
 
     try:
         run_ticks(sampler, args.duration if args.duration else float("inf"), write)
@@ -473,16 +482,16 @@ def cmd_record(args: argparse.Namespace) -> int:
         recorder.close()
     print(f"loadertop: {count(recorder.written, 'snapshot')} in {args.output}", file=sys.stderr)
     if written:
-        _write_summary(args.output, written)
+        _write_summary(args.output, written, judged)
     return 0
 
 
-def _write_summary(recording: str, snapshots: list) -> None:
+def _write_summary(recording: str, snapshots: list, judged: list) -> None:
     """The run's summary, printed and written beside the recording (FILE.summary.md)."""
     from .outputs import summary
     from .outputs.report import write_file
 
-    text = summary.render(_report_of_recording(snapshots), summary.ended(snapshots), recording=recording)
+    text = summary.render(_report_of_recording(snapshots, judged), summary.ended(snapshots), recording=recording)
     sys.stderr.write(text)
     path = os.path.splitext(recording)[0] + ".summary.md"
     try:
@@ -624,7 +633,8 @@ def _report_of(path: str) -> dict:
                         for t in report["trainers"])):
             raise UsageError(f"{path}: not a loadertop report (no trainers with a pid and a command line)")
         return report
-    return _report_of_recording(_read_recording(path).snapshots)
+    recording = _read_recording(path)
+    return _report_of_recording(recording.snapshots, recording.judged)
 
 
 def _report_of_snapshots(snapshots, duration: float) -> dict:
@@ -637,16 +647,18 @@ def _report_of_snapshots(snapshots, duration: float) -> dict:
     return build_report(snapshots, diagnoser.diagnosis)
 
 
-def _report_of_recording(snapshots) -> dict:
+def _report_of_recording(snapshots, judged=()) -> dict:
     """The report of a recording, as every view of it shows it (`snapshot --from`, the
     summary, `diff`; `replay` at the same tick): the job at work up to its last tick that
-    ran the loop, judged by the live view's own diagnoser, so each says what was judged then."""
-    from .outputs import summary
+    ran the loop, with the judgement the recorder stored for that tick (`judged`: each tick's,
+    stored or in memory); judged again by the live view's own diagnoser where none was stored."""
+    from .outputs import judgement, summary
     from .outputs.report import build_report
     from .rules import diagnosed
 
     running = summary.while_running(snapshots)
-    return build_report(running, diagnosed(running).diagnosis)
+    said = judgement.at(judged, len(running) - 1)
+    return build_report(running, said or diagnosed(running).diagnosis)
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
@@ -692,7 +704,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     recording = _read_recording(args.recording)
     snaps = recording.snapshots
     interval = snaps[-1].interval_s if snaps else 1.0
-    return _run_tui(ScriptedSource(snaps, interval_s=interval / args.speed))
+    return _run_tui(ScriptedSource(snaps, interval_s=interval / args.speed, judged=recording.judged))
 
 
 def cmd_tune(args: argparse.Namespace) -> int:

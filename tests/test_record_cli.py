@@ -23,6 +23,11 @@ def test_record_then_report_from_the_recording(job, tmp_path):
     recording = record.read(str(path))
     assert recording.problem is None and len(recording.snapshots) == 7
     assert {w.pid for w in recording.snapshots[-1].trainers[0].workers} == j.wait_workers(2)
+    # Each tick's judgement is stored beside it, and reads back (the views show it).
+    from loadertop.outputs import judgement
+
+    said = [judgement.decode(d) for d in recording.judged]
+    assert len(said) == 7 and all(d is not None and d.verdicts for d in said)
     for suffix in (".json", ".md", ".html"):
         out = tmp_path / f"report{suffix}"
         r = loadertop("snapshot", "--from", str(path), "-o", str(out))
@@ -32,6 +37,7 @@ def test_record_then_report_from_the_recording(job, tmp_path):
             assert str(w.pid) in text
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["samples"] == 7
+    assert report["verdict"] == said[-1].verdict(recording.snapshots[-1].trainers[0]).text
     html = (tmp_path / "report.html").read_text()
     assert "<svg" in html and "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
 

@@ -2,8 +2,9 @@
 killed mid-write, and read back for replay and reports.
 
 Layout: one plain header line (MAGIC), then one zlib stream of JSON lines, one snapshot a
-line, sync-flushed after each: every snapshot written before a kill decodes; a torn tail
-or corrupt bytes end the readable prefix, and the reader says where.
+line with the tick's judgement under "judged" (outputs/judgement.py), sync-flushed after
+each: every snapshot written before a kill decodes; a torn tail or corrupt bytes end the
+readable prefix, and the reader says where.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def _hints(cls: type) -> dict:
     return _HINTS[cls]
 
 
-def _decode(tp, value):
+def decode_as(tp, value):
     """value as type tp, every field checked: a recording is a file anyone may hand us."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
@@ -59,7 +60,7 @@ def _decode(tp, value):
             return None
         for option in options:
             try:
-                return _decode(option, value)
+                return decode_as(option, value)
             except Damaged:
                 continue
         raise Damaged(f"{value!r:.40} is none of {tp}")
@@ -75,7 +76,7 @@ def _decode(tp, value):
         fields = {}
         for f in dataclasses.fields(tp):
             if f.name in value:
-                fields[f.name] = _decode(hints[f.name], value[f.name])
+                fields[f.name] = decode_as(hints[f.name], value[f.name])
             elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise Damaged(f"{tp.__name__}.{f.name} is missing")
         return tp(**fields)
@@ -84,10 +85,10 @@ def _decode(tp, value):
         if not isinstance(value, list):
             raise Damaged(f"{value!r:.40} is not a list")
         if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_decode(args[0], v) for v in value)
+            return tuple(decode_as(args[0], v) for v in value)
         if len(value) != len(args):
             raise Damaged(f"a list of {len(value)} where {len(args)} belong")
-        return tuple(_decode(a, v) for a, v in zip(args, value, strict=True))
+        return tuple(decode_as(a, v) for a, v in zip(args, value, strict=True))
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                 or abs(value) > LARGEST:
@@ -121,7 +122,7 @@ def decode(data: dict) -> Snapshot:
             isinstance(t, dict) and isinstance(t.get("workers"), list) and len(t["workers"]) > MAX_RECORDED_WORKERS
             for t in trainers)):
         raise Damaged(f"it has more than {MAX_RECORDED_TRAINERS} trainers or {MAX_RECORDED_WORKERS} workers in one")
-    snap = _decode(Snapshot, data)
+    snap = decode_as(Snapshot, data)
     if not 0 < snap.time < LATEST_TIME:
         raise Damaged(f"its time {snap.time!r} is not a date")
     return _one_of_each(snap)
@@ -160,8 +161,13 @@ class Recorder:
         os.write(self._fd, MAGIC)
         self.written = 0
 
-    def write(self, snapshot: Snapshot) -> None:
-        line = json.dumps(encode(snapshot), separators=(",", ":")).encode() + b"\n"
+    def write(self, snapshot: Snapshot, judged: dict | None = None) -> None:
+        """`judged`: the tick's Diagnosis as outputs/judgement.py encodes it, stored beside the
+        snapshot (a reader that does not know the key skips it)."""
+        data = encode(snapshot)
+        if judged is not None:
+            data["judged"] = judged
+        line = json.dumps(data, separators=(",", ":")).encode() + b"\n"
         os.write(self._fd, self._zip.compress(line) + self._zip.flush(zlib.Z_SYNC_FLUSH))
         self.written += 1
 
@@ -179,6 +185,9 @@ class Recorder:
 class Recording:
     snapshots: list[Snapshot]
     problem: str | None  # where and why reading stopped early, None for a complete file
+    # Each snapshot's judgement as stored (outputs/judgement.py decodes it), None where the
+    # recorder stored none (recordings before it did).
+    judged: list[dict | None] = dataclasses.field(default_factory=list)
 
 
 # Decompressed, a recording may hold this much, far more than a day of 16 workers
@@ -259,6 +268,7 @@ def read(path: str) -> Recording:
         if head != MAGIC:
             raise NotARecording(f"{path} is not a loadertop recording (make one with `loadertop record`)")
         snapshots: list[Snapshot] = []
+        judged: list[dict | None] = []
         lines = _lines(_inflate(f, len(MAGIC)))
         problem = None
         i = 0
@@ -272,7 +282,10 @@ def read(path: str) -> Recording:
                     problem = f"it holds more than {MAX_SNAPSHOTS} snapshots: read that many"
                     break
                 try:
-                    snapshots.append(decode(json.loads(line)))
+                    data = json.loads(line)
+                    snapshots.append(decode(data))
+                    stored = data.get("judged")
+                    judged.append(stored if isinstance(stored, dict) else None)
                 except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
                     if not complete:
                         break  # the torn last line of a cut-short file (its problem follows)
@@ -287,4 +300,4 @@ def read(path: str) -> Recording:
                     next(lines)
             except StopIteration as stop:
                 problem = stop.value
-    return Recording(snapshots, problem)
+    return Recording(snapshots, problem, judged)

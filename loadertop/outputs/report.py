@@ -3,7 +3,8 @@ judgement at its end (rules/diagnosis.py): the verdicts, findings and plans it s
 ones the live view showed, never judged again here.
 
 /2 made `jobs` objects (each job's ranks, its verdict and the rank it waits for); /1 had the
-named PIDs there. Recordings of either stay readable: they hold snapshots, not reports.
+named PIDs there. Recordings of either stay readable: they hold snapshots and each tick's
+judgement (outputs/judgement.py), not reports.
 
 Rates (CPU %, context switches/s, GPU utilization) are averages over the window; sizes
 are the latest reading; shm carries its peak. Only this module knows the report's keys.

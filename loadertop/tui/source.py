@@ -4,7 +4,7 @@ scripted stream (tests, and recordings later). Headless: no Textual import here.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from ..model import Snapshot
@@ -74,17 +74,27 @@ class LiveSource:
 
 class ScriptedSource:
     """Plays prepared snapshots (tests, recordings), one per `next()`; None at the end.
-    `seek` moves to any snapshot: the diagnosis is folded again up to there."""
+    `seek` moves to any snapshot: the diagnosis is folded again up to there.
+
+    `judged`: each snapshot's judgement as a recording stored it (outputs/judgement.py): a
+    replay shows what was judged then; a tick with none is judged here, by the folded diagnosis."""
 
     live = False
     lockstep = True  # every snapshot reaches the screen: none is dropped
 
-    def __init__(self, snapshots: Iterable[Snapshot], interval_s: float = 0.05) -> None:
+    def __init__(self, snapshots: Iterable[Snapshot], interval_s: float = 0.05,
+                 judged: Sequence[dict | None] = ()) -> None:
         self.snapshots = list(snapshots)
+        self.judged = list(judged)
         self.position = 0
         self.interval_s = interval_s
         self.diagnoser = Diagnoser()
         self._lock = threading.Lock()
+
+    def _said(self, index: int) -> Diagnosis:
+        from ..outputs import judgement
+
+        return judgement.at(self.judged, index) or self.diagnoser.diagnosis
 
     def next(self) -> tuple[Snapshot, Diagnosis] | None:
         with self._lock:
@@ -93,7 +103,7 @@ class ScriptedSource:
             snap = self.snapshots[self.position]
             self.position += 1
             self.diagnoser.feed(snap)
-            return snap, self.diagnoser.diagnosis
+            return snap, self._said(self.position - 1)
 
     def seek(self, position: int) -> tuple[list[Snapshot], Diagnosis]:
         """Go to snapshot `position`; returns the snapshots up to it and the judgement there."""
@@ -102,7 +112,7 @@ class ScriptedSource:
             self.diagnoser = Diagnoser()
             for snap in self.snapshots[: self.position]:
                 self.diagnoser.feed(snap)
-            return self.snapshots[: self.position], self.diagnoser.diagnosis
+            return self.snapshots[: self.position], self._said(self.position - 1)
 
     def close(self) -> None:
         pass
