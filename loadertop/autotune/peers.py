@@ -3,12 +3,13 @@
 In lockstep each rank's steps/s is the job's: a rank that changes its loader alone measures
 nothing while another rank holds the job back, and balanced ranks that each try a change in
 turn revert each other's gains. So at each epoch boundary a rank reads its peers' latest data
-wait from a board the job already has, and takes a role (docs/RULES.md, "tune on every rank"):
+wait from a board the job already has, and takes a role (docs/RULES.md, "tune on every rank")
+by the monitor's own rule of who waits for whom (rules/ranks.py, `input_straggler`):
 
-- waiting: a peer's data wait stands RANK_GAP above its own, and its own is at most
-  STRAGGLER_SHARE of that (it waits for that rank in the gradient sync): it does not explore;
-  its setting stays;
-- straggler: its own data wait stands so above every peer's: it explores alone, as long as
+- waiting: a peer's data wait is critical and stands RANK_GAP above the others' median, and
+  its own is at most STRAGGLER_SHARE of that (it waits for that rank in the gradient sync):
+  it does not explore; its setting stays;
+- straggler: its own data wait stands so above its peers': it explores alone, as long as
   that lasts;
 - leader (balanced ranks, the lowest rank): it explores, and a change it decides at epoch e is
   published for epoch e+1 and made then, on every rank at once;
@@ -47,13 +48,9 @@ from ..files import own_folder
 from ..model import Knobs
 from ..probes.host import usable_cpus
 from ..rules import thresholds as T
+from ..rules.ranks import STRAGGLER_SHARE, input_straggler  # who waits for whom: the monitor's rule
 from ..rules.thresholds import RANK_GAP  # data waits this far apart are not noise: the monitor's
 
-# A straggler's peers wait for data at most this share of what it does. In lockstep the ranks'
-# waits split: balanced ranks on one slow-ish worker each read 0.70 and 0.55 for epochs on end
-# (the one whose worker is a little behind shows the job's wait, the other part of it as sync
-# wait), a gap of 15 points; a rank that waits for a slow shard reads near 0 beside its 0.8.
-STRAGGLER_SHARE = 0.5
 FRESH_S = 600.0  # a peer's entry older than this is gone (the rank ended, or stopped tuning)
 CLOCK_SKEW_S = 60.0  # a peer on another node may write a time this far ahead of this node's clock
 SECRET_BYTES = 32
@@ -172,12 +169,6 @@ class Decision:
     follow: Knobs | None = None  # a follower's setting for this epoch
 
 
-def waits_for(mine: float, theirs: float, gap: float = RANK_GAP, share: float = STRAGGLER_SHARE) -> bool:
-    """A rank whose data wait is `mine` waits for one whose wait is `theirs` (in the sync):
-    theirs stands `gap` above, and mine is at most `share` of it."""
-    return theirs - mine >= gap and mine <= share * theirs
-
-
 def role_of(me: int, wait: float | None, epoch: int, peers: list[Entry], gap: float = RANK_GAP,
             share: float = STRAGGLER_SHARE) -> Decision:
     """This rank's role from its peers' entries (pure); `gap`: the data waits apart that
@@ -185,14 +176,13 @@ def role_of(me: int, wait: float | None, epoch: int, peers: list[Entry], gap: fl
     role with hysteresis: Roles)."""
     if not peers:
         return Decision("alone")
-    waits = [p for p in peers if p.wait is not None]
-    if wait is not None and waits:
-        slowest = max(waits, key=lambda p: p.wait or 0.0)
-        most = slowest.wait or 0.0
-        if waits_for(wait, most, gap, share):
-            return Decision("waiting", slowest.rank)
-        if waits_for(most, wait, gap, share):
+    if wait is not None:
+        # Who waits for whom, by the monitor's own rule over the ranks' data waits.
+        found = input_straggler({**{p.rank: p.wait for p in peers if p.wait is not None}, me: wait}, gap, share)
+        if found is not None and found[0] == me:
             return Decision("straggler")
+        if found is not None and me in found[1]:
+            return Decision("waiting", found[0])
     leader = min(peers, key=lambda p: p.rank)
     if me < leader.rank:
         return Decision("leader")

@@ -30,6 +30,7 @@ from ..model import Decision, Knobs
 from ..probes import procfs
 from ..probes.discovery import WORKER_COMM
 from ..rules import thresholds as T
+from ..rules.ranks import waits_for
 from ..rules.thresholds import RANK_GAP
 from ..vocabulary import TunePhase
 from . import loader as L
@@ -554,7 +555,7 @@ class Tuner:
             return None
         # Balanced peers only: not one this rank waits for by the roles' rule (its role is held
         # back a boundary by their hysteresis), whose loader is not this one's.
-        return max([own, *(w for w in waits if not R.waits_for(own, w))])
+        return max([own, *(w for w in waits if not waits_for(own, w))])
 
     def _epoch_wait(self) -> float | None:
         """The last epoch's data wait, then a new epoch's count begins."""

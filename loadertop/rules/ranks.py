@@ -32,6 +32,45 @@ from . import thresholds as T
 
 StragglerCause = Literal["input", "step"]
 
+# A rank waits for another's data only where its own data wait is at most this share of that
+# rank's. In lockstep the ranks' waits split: balanced ranks on one slow-ish worker each read
+# 0.70 and 0.55 for epochs on end (the one whose worker is a little behind shows the job's wait,
+# the other part of it as sync wait), a gap of 15 points; a rank that waits for a slow shard
+# reads near 0 beside its 0.8.
+STRAGGLER_SHARE = 0.5
+
+
+# --- who waits for whom: the one rule -------------------------------------------------------
+# The monitor (`attribute`, on one node and for the fleet), the tuner's roles
+# (autotune/peers.py) and the alert rule (docs/prometheus/alerts.yml, tested against it) all
+# say "rank B waits for rank A's data" by these two functions.
+
+
+def stands_out(wait: float, others: Sequence[float], gap: float = T.RANK_GAP) -> bool:
+    """A rank whose data wait is `wait` holds back ranks whose waits are `others`: its wait is
+    critical and stands `gap` above their median."""
+    return bool(others) and wait >= T.DATA_WAIT_CRITICAL and wait - median(others) >= gap
+
+
+def waits_for(mine: float, theirs: float, gap: float = T.RANK_GAP, share: float = STRAGGLER_SHARE) -> bool:
+    """A rank whose data wait is `mine` waits for one whose wait is `theirs` (in the sync):
+    theirs stands `gap` above, and mine is at most `share` of it."""
+    return theirs - mine >= gap and mine <= share * theirs
+
+
+def input_straggler(waits: dict[int, float], gap: float = T.RANK_GAP,
+                    share: float = STRAGGLER_SHARE) -> tuple[int, tuple[int, ...]] | None:
+    """By their data waits alone (rank -> wait): the rank that holds the others back, and the
+    ranks that wait for it; None where none does."""
+    if len(waits) < 2:
+        return None
+    slowest = max(waits, key=lambda r: (waits[r], -r))
+    others = [w for r, w in waits.items() if r != slowest]
+    if not stands_out(waits[slowest], others, gap):
+        return None
+    waiting = tuple(sorted(r for r, w in waits.items() if r != slowest and waits_for(w, waits[slowest], gap, share)))
+    return (slowest, waiting) if waiting else None
+
 
 @dataclass(frozen=True)
 class RankFigures:
@@ -98,27 +137,23 @@ def attribute(ranks: Sequence[RankFigures]) -> Attribution:
     # on a crowded host their blocked shares swing as much while one is descheduled.
     lowest = min(ranks, key=lambda r: syncs.get(r.rank, 0.0)) if syncs else None
 
-    def waits_for(r: RankFigures) -> bool:
+    def in_sync(r: RankFigures) -> bool:
+        """It waits for the others in the gradient sync, past the noise."""
         margin = _noise(r, lowest, method) if lowest is not None else 0.0
         return waits.get(r.rank, 0.0) >= T.RANK_WAIT + margin
     waits_t = tuple(sorted(waits.items()))
-    waited = [r for r in ranks if r.data_wait is not None]
-    if len(waited) >= 2:
-        slowest = max(waited, key=lambda r: r.data_wait or 0.0)
-        others = [r.data_wait or 0.0 for r in waited if r is not slowest]
-        gap = (slowest.data_wait or 0.0) - median(others)
-        if (slowest.data_wait or 0.0) >= T.DATA_WAIT_CRITICAL and gap >= T.RANK_GAP:
-            # The others wait for it where the sync says so; a job whose ranks do not step in
-            # lockstep (no gradient sync) has no one waiting.
-            waiting = tuple(r.rank for r in waited if r is not slowest
-                            and (r.data_wait or 0.0) <= (slowest.data_wait or 0.0) - T.RANK_GAP
-                            and waits_for(r))
-            if waiting:
-                cost = median(waits[r] for r in waiting)
-                return Attribution(ranks, _straggler(slowest, "input"), waiting, waits_t, cost, method)
+    by_data = input_straggler({r.rank: r.data_wait for r in ranks if r.data_wait is not None})
+    if by_data is not None:
+        # The others wait for it where the sync says so too; a job whose ranks do not step in
+        # lockstep (no gradient sync) has no one waiting.
+        slowest = next(r for r in ranks if r.rank == by_data[0])
+        waiting = tuple(r.rank for r in ranks if r.rank in by_data[1] and in_sync(r))
+        if waiting:
+            cost = median(waits[r] for r in waiting)
+            return Attribution(ranks, _straggler(slowest, "input"), waiting, waits_t, cost, method)
     if waits and lowest is not None:
         fastest_sync = lowest  # the rank that waits least in the sync: the others wait for it
-        waiting = tuple(r.rank for r in ranks if r is not fastest_sync and waits_for(r))
+        waiting = tuple(r.rank for r in ranks if r is not fastest_sync and in_sync(r))
         behind = fastest_sync.data_wait is not None and fastest_sync.data_wait >= T.DATA_WAIT_CRITICAL
         # Most of the others wait for it (one slow rank among many, not one fast one).
         if waiting and 2 * len(waiting) >= len(ranks) - 1 and not behind:
