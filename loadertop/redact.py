@@ -46,35 +46,50 @@ ENV_WHITELIST = frozenset(
     }
 )
 
-# A name is secret by its words, split at separators and camelCase: --dbPassword, --api-key,
-# AccountKey, HF_TOKEN, --clientSecret, --pass-phrase, --id-token, --otp. Words, not
-# substrings: --tokenizer, --keyframes, --monkey and --author are not.
+# One rule decides whether a name (a flag, a variable, a field) names a secret: its words,
+# split at separators and camelCase, are read as an English compound, whose last word (its
+# head) says what it is. --db-password, --api-key, HF_TOKEN, AccountKey and --clientSecret are
+# secrets; --key-points, --token-dropout, --otp-window and --pin-mem are not, though they hold a
+# secret's word. Before the head is read:
+# - a name that counts or switches is no secret (--num-keys, --max-tokens, --no-auth);
+# - a head that only carries what is named before it (--token-id, --secret-file-content,
+#   --password-file-env) hands the decision to the words before it;
+# - a secret word glued to others (--dbpassword, --wandbkey, --dbpass, PGPASSWORD) counts as
+#   one, except in ordinary words (monkey, compass, secretary).
 SECRET_WORDS = frozenset({
     "password", "passwd", "pwd", "pw", "pass", "passphrase", "passcode", "secret", "secrets", "token",
     "credential", "credentials", "cred", "creds", "apikey", "apikeys", "auth", "authorization", "signature",
     "sig", "cookie", "cookies", "bearer", "sas", "key", "keys", "privatekey", "accountkey", "authtoken",
-    "pin", "otp", "totp", "jwt",
+    "pin", "otp", "totp", "jwt", "sessionid", "passkey",
 })
-# Secret words glued into one with others (--dbpassword, PGPASSWORD, --secretkey): found inside
-# a word, not only as one. Rare false alarms (--secretary) cost a hidden value; a miss costs a
-# credential in a public issue.
-GLUED_SECRETS = ("password", "passwd", "passphrase", "passcode", "secret", "credential", "apikey", "jwt",
-                 "sessionid")
-# ...and a word that ends in "token" (--accesstoken, HFTOKEN) unless a vocabulary's (--padtoken),
-# or in "key" after an owner of keys (--accesskey, --privatekey; not --monkey, --sortkey).
-KEY_OWNERS = frozenset({"api", "secret", "access", "private", "account", "master", "ssh", "encryption",
-                        "signing", "auth", "client", "storage", "sas", "shared", "session", "license", "hmac",
-                        "hash", "json", "gpg", "pgp", "aes", "rsa", "app", "service"})
-# ...unless its last word says it is a count, a size, a setting or where the secret is kept
-# (--max-tokens, --key-size, --api-key-file, --auth-method, --cookie-jar, --sig-figs,
-# --pin-memory); a name whose last word is content or data is the secret itself
-# (--secret-file-content).
+# Two words that make one secret word: --pass-phrase, --session-id.
+COMPOUNDS = {("pass", "phrase"): "passphrase", ("pass", "word"): "password", ("pass", "code"): "passcode",
+             ("session", "id"): "sessionid", ("api", "key"): "apikey"}
+# Secret words that are secrets wherever they stand inside a word (--dbpasswordfile too).
+GLUED_ANYWHERE = ("password", "passwd", "passphrase", "passcode", "credential", "apikey", "jwt", "sessionid")
+# Secret words that end a glued word (--wandbkey, --accesstoken, --dbpass, MYSQLPWD, --clientsecret).
+GLUED_ENDINGS = ("secret", "secrets", "token", "key", "pass", "pwd")
+# Ordinary words that end so.
+ORDINARY_WORDS = frozenset({
+    "monkey", "donkey", "turkey", "hockey", "jockey", "whiskey", "hotkey", "turnkey", "compass", "bypass",
+    "surpass", "encompass", "overpass", "underpass", "trespass", "multipass", "subpass", "secretary",
+    "secretariat",
+})
+# Heads that name a count, a size, a setting or where the secret is kept (--key-size,
+# --api-key-file, --auth-method, --cookie-jar, --sig-figs, --pin-memory).
 NOT_A_SECRET_LAST = frozenset({
     "tokens", "max", "min", "num", "count", "size", "len", "length", "limit", "budget", "per",
     "file", "files", "path", "dir", "type", "dim", "vocab", "frames", "jar", "method", "mode", "scheme",
     "provider", "figs", "digits", "memory", "strategy", "format", "algorithm", "name", "names", "prefix",
 })
-# "env" is not among them: --password-file-env may name the variable, or hold the value.
+# First words of a name that counts or switches.
+COUNTS_OR_SWITCHES = frozenset({"no", "num", "max", "min", "n", "count", "number", "total", "use", "enable",
+                                "disable", "skip", "without"})
+# Heads that carry what the words before them name: the secret's own value in another form
+# (content, data, base64), its id, or the variable that holds it (--password-file-env may
+# name the variable, or hold the value).
+CARRIERS = frozenset({"id", "value", "content", "data", "env", "str", "string", "b64", "base64", "hex", "raw",
+                      "bytes", "header"})
 # A token of a vocabulary (--pad-token, --bos-token-id, --eos_token) and a key that names a
 # field (--image_key, --caption-key, --sort_key, --dataset-key: which field of a sample to
 # read) are no secrets. --hash-key and --json-key are: a keyed hash's key (HMAC, a salt) and a
@@ -90,34 +105,53 @@ FIELDS = frozenset({"image", "img", "caption", "label", "labels", "sort", "text"
 _WORDS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
 
 
-def is_secret_name(name: str) -> bool:
+def _words(name: str) -> list[str]:
     words = [w.lower() for w in _WORDS.findall(name)]
-    if not words or words[0] == "no" or words[-1] in NOT_A_SECRET_LAST:
-        return False  # --no-auth is a switch; --api-key-file names where the key is kept
-    for i, word in enumerate(words):
-        before = words[i - 1] if i else ""
-        if word == "id" and before == "session":
-            return True  # a session id is a bearer credential
-        if word == "pass" and i < len(words) - 1 and words[i + 1] not in ("phrase", "word", "code"):
-            continue  # --pass-through, --pass-rate: the word "pass", not a password
-        if word not in SECRET_WORDS:
-            if _glued_secret(word):
-                return True
-            continue
-        if word in ("token", "tokens") and before in VOCABULARY:
-            continue
-        if word in ("key", "keys") and before in FIELDS:
-            continue
-        return True
-    return False
+    out: list[str] = []
+    for w in words:
+        joined = COMPOUNDS.get((out[-1], w)) if out else None
+        if joined:
+            out[-1] = joined
+        else:
+            out.append(w)
+    while out and out[-1].isdigit():
+        out.pop()  # --api-key-2
+    return out
 
 
-def _glued_secret(word: str) -> bool:
-    if any(g in word for g in GLUED_SECRETS):
+def is_secret_name(name: str) -> bool:
+    words = _words(name)
+    if not words or words[0] in COUNTS_OR_SWITCHES:
+        return False  # --no-auth is a switch, --num-keys a count
+    head = len(words) - 1
+    while head > 0 and words[head] in CARRIERS:
+        head -= 1  # --token-id, --secret-file-content: what it carries decides
+    carried = head < len(words) - 1
+    if words[head] in NOT_A_SECRET_LAST and not carried:
+        return False  # --api-key-file names where the key is kept
+    if carried:
+        # --password-file-env, --secret-file-content: any secret word before the carrier.
+        return any(_secret_word(words, i) for i in range(head + 1))
+    return _secret_word(words, head)
+
+
+def _secret_word(words: list[str], i: int) -> bool:
+    word, before = words[i], (words[i - 1] if i else "")
+    if word in SECRET_WORDS:
+        return not _names_a_field(word, before)
+    if word in ORDINARY_WORDS:
+        return False
+    if any(g in word for g in GLUED_ANYWHERE):
         return True
-    if word.endswith("token") and len(word) > 5 and word[:-5] not in VOCABULARY:
-        return True
-    return word.endswith("key") and word[:-3] in KEY_OWNERS
+    for ending in GLUED_ENDINGS:
+        if word.endswith(ending) and len(word) > len(ending):
+            return not _names_a_field(ending, word[: -len(ending)])
+    return word.startswith("secret") and len(word) > 6  # --secretkey, --secretaccesskey
+
+
+def _names_a_field(word: str, before: str) -> bool:
+    """A vocabulary's token (--pad-token) or a sample's field (--sort-key): no secret."""
+    return word in ("token", "tokens") and before in VOCABULARY or word in ("key", "keys") and before in FIELDS
 
 
 # A flag: -x, --long-name, --camelCase, /name (a value may follow as the next argument, or
@@ -125,15 +159,18 @@ def _glued_secret(word: str) -> bool:
 _FLAG = re.compile(r"^(-{1,2}|/)([A-Za-z][\w.-]*)([=:].*)?$")
 # What a flag looks like, to tell it from a secret value that starts with "-".
 _FLAG_SHAPED = re.compile(r"^(-[A-Za-z]|--[a-z][a-z0-9]*(?:[-_.][a-z0-9]+)*(?:=.*)?)$")
-# Short flags that take a password (mysql -p, and tools that copied it), and ones that take
-# user:password (curl -u).
-_SHORT_SECRET_FLAGS = frozenset({"-p"})
+# Short flags that take a password or a key (mysql -p, and tools that copied it; -k KEY), and
+# ones that take user:password (curl -u).
+_SHORT_SECRET_FLAGS = frozenset({"-p", "-k"})
 _USER_FLAGS = frozenset({"-u", "--user", "--username", "--proxy-user", "--basic-auth"})
 # -pSECRET: mysql's password glued to its flag (not a lowercase word such as -print).
 _GLUED_PASSWORD = re.compile(r"^-p(?![a-z]+$)(\S+)$")
 # name=value anywhere, spaces around = too: PASSWORD=x, PASSWORD = x, trainer.hf_token=x,
 # ?sig=x&, ;AccountKey=x;, /password=x
 _ASSIGN = re.compile(r"(^|[?&;,\s/])([\w.+-]+)(\s*=\s*)([^&;,\s#]*)")
+# NAME VALUE: a variable and its value apart by a space ("API_KEY S", as Dockerfile's ENV and
+# some launchers' --env take them).
+_ENV_PAIR = re.compile(r"^(\s*)([A-Z][A-Z0-9_]*)(\s+)(\S.*)$", re.S)
 # "password": "x" in JSON, 'password': 'x' in a Python dict
 _JSON_FIELD = re.compile(r'"([\w.-]+)"(\s*:\s*)("(?:[^"\\]|\\.)*"|[^,}\]\s{\[][^,}\]\s]*)')
 _DICT_FIELD = re.compile(r"'([\w.-]+)'(\s*:\s*)('(?:[^'\\]|\\.)*'|[^,}\]\s{\[][^,}\]\s]*)")
@@ -177,6 +214,8 @@ def _scrub(arg: str) -> str:
     arg = _AUTH_SCHEME.sub(lambda m: m.group(1) + m.group(2) + REDACTED, arg)
     arg = _ASSIGN.sub(lambda m: m.group(1) + m.group(2) + m.group(3) + (REDACTED if is_secret_name(m.group(2))
                                                                          else m.group(4)), arg)
+    arg = _ENV_PAIR.sub(lambda m: m.group(1) + m.group(2) + m.group(3) + (REDACTED if is_secret_name(m.group(2))
+                                                                          else m.group(4)), arg)
     arg = _JSON_FIELD.sub(_field('"'), arg)
     arg = _DICT_FIELD.sub(_field("'"), arg)
     return _TOKEN_SHAPES.sub(REDACTED, arg)

@@ -103,6 +103,15 @@ HIDDEN = [  # (arguments, the secret that must not survive)
     (["--refreshtoken=S79"], "S79"),
     (["--masterpassword", "S80"], "S80"),
     (["--config", '{"dbpassword": "S81"}'], "S81"),
+    # the fourth review's leaks (issue 43): one rule, not more spellings
+    (["--wandbkey", "S90"], "S90"),
+    (["--dbpass", "S91"], "S91"),
+    (["--docker-env", "API_KEY S92"], "S92"),
+    (["-k", "S93"], "S93"),
+    (["--pass-word", "S94"], "S94"),
+    (["--mlflow-token", "S95"], "S95"),
+    (["--api-key-2", "S96"], "S96"),
+    (["--hf-token-value=S97"], "S97"),
 ]
 
 KEPT = [
@@ -149,6 +158,19 @@ KEPT = [
     ["--padtoken", "[PAD]"],
     ["--sortkey", "length"],
     ["--tokenizer_name", "gpt2"],
+    # ordinary flags that hold a secret's word but name something else (issue 43)
+    ["--num-keys", "16"],
+    ["--key-points", "17"],
+    ["--token-dropout", "0.1"],
+    ["--pin-mem", "1"],
+    ["--otp-window", "30"],
+    ["--secretary", "bob"],
+    ["--bypass-cache", "1"],
+    ["--hotkey", "F5"],
+    ["--keys-per-shard", "1000"],
+    ["--compass", "north"],
+    ["--password-stdin"],
+    ["--docker-env", "OMP_NUM_THREADS 4"],
 ]
 
 
