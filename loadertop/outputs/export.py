@@ -41,9 +41,12 @@ from ..rules.ranks import Attribution, rank_figures
 # A scrape holds a connection for milliseconds: a few at once is plenty, and a client that
 # opens connections and sends nothing (slowloris) must not hold threads for long.
 MAX_CONNECTIONS = 16
-# Of those, one client address may hold this many: 16 idle clients of one host that reconnect
-# no longer block the scrapes of the others (Prometheus holds one connection a target).
+# Of those, one client (a host: client_of) may hold this many: 16 idle clients of one host
+# that reconnect no longer block the scrapes of the others (Prometheus holds one connection a
+# target).
 MAX_PER_CLIENT = 4
+# A connection past a cap waits this long for a silent one it displaced to go.
+EVICT_WAIT_S = 1.0
 IDLE_TIMEOUT_S = 10.0
 REQUEST_DEADLINE_S = 10.0  # a whole request, however slowly its bytes come
 # A snapshot older than this many intervals (at least STALE_MIN_S) means sampling stopped.
@@ -239,9 +242,39 @@ class Exporter:
         yield from (*families, state, decisions)
 
 
+def client_of(address: str) -> str:
+    """The client a connection counts against: one host, where one host may hold many
+    addresses (every 127.x.y.z is this host's, an IPv6 host its /64)."""
+    import ipaddress
+
+    try:
+        ip = ipaddress.ip_address(address.split("%")[0])
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_loopback:
+        return "loopback"
+    if isinstance(ip, ipaddress.IPv6Address):
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
+
+
+@dataclass
+class _Open:
+    """A connection held: whose, since when, and whether it has asked for anything yet."""
+
+    client: str
+    since: float
+    asked: bool = False
+
+
 class _Server(ThreadingHTTPServer):
     """A thread per connection, at most MAX_CONNECTIONS of them and MAX_PER_CLIENT from one
-    address; one more is closed at once rather than queued."""
+    client (client_of: many loopback addresses are one client). A connection past either cap
+    takes the place of the longest-held one that has not asked for anything yet (its cap's);
+    where every held one has, it is closed at once rather than queued. So connections that
+    say nothing, from however many addresses, never keep a scrape out."""
 
     daemon_threads = True
 
@@ -249,44 +282,63 @@ class _Server(ThreadingHTTPServer):
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         super().__init__(address, handler)
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        self._per_client: dict[str, int] = {}
+        self._open: dict[socket.socket, _Open] = {}
         self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)
 
-    def _take(self, client: str) -> bool:
+    def _full(self, client: str) -> list[socket.socket] | None:
+        """The connections among which one must give way for `client`'s; None if none must."""
+        mine = [s for s, o in self._open.items() if o.client == client]
+        if len(mine) >= MAX_PER_CLIENT:
+            return mine
+        if len(self._open) >= MAX_CONNECTIONS:
+            return list(self._open)
+        return None
+
+    def _take(self, request: socket.socket, client: str) -> bool:
+        deadline = time.monotonic() + EVICT_WAIT_S
         with self._lock:
-            if self._per_client.get(client, 0) >= MAX_PER_CLIENT:
-                return False
-            if not self._slots.acquire(blocking=False):
-                return False
-            self._per_client[client] = self._per_client.get(client, 0) + 1
+            while (among := self._full(client)) is not None:
+                silent = [s for s in among if not self._open[s].asked]
+                if not silent:
+                    return False
+                oldest = min(silent, key=lambda s: self._open[s].since)
+                self._open[oldest].asked = True  # evicted once: not chosen again
+                try:
+                    oldest.shutdown(socket.SHUT_RDWR)  # its blocked read ends, and its thread
+                except OSError:
+                    pass
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._freed.wait(left):
+                    return False
+            self._open[request] = _Open(client, time.monotonic())
             return True
 
-    def _give_back(self, client: str) -> None:
+    def asked(self, request: socket.socket) -> None:
         with self._lock:
-            left = self._per_client.get(client, 1) - 1
-            if left:
-                self._per_client[client] = left
-            else:
-                self._per_client.pop(client, None)
-            self._slots.release()
+            if request in self._open:
+                self._open[request].asked = True
+
+    def _give_back(self, request: socket.socket) -> None:
+        with self._lock:
+            self._open.pop(request, None)
+            self._freed.notify_all()
 
     def process_request(self, request, client_address) -> None:
-        client = str(client_address[0])
-        if not self._take(client):
+        if not self._take(request, client_of(str(client_address[0]))):
             self.shutdown_request(request)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._give_back(client)
+            self._give_back(request)
             raise
 
     def process_request_thread(self, request, client_address) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._give_back(str(client_address[0]))
+            self._give_back(request)
 
     def handle_error(self, request, client_address) -> None:
         """A client that hangs up or dawdles is its own fault: no traceback on our stderr."""
@@ -323,6 +375,10 @@ def _handler(registry):
                 super().finish()
             except OSError:
                 pass  # the client went away while we wrote
+
+        def parse_request(self) -> bool:
+            self.server.asked(self.connection)  # it asked: no longer a silent one to displace
+            return super().parse_request()
 
         def do_GET(self) -> None:
             if self.path.split("?", 1)[0] not in ("/", "/metrics"):
