@@ -286,8 +286,8 @@ class Sampler:
         if env is None:
             state.env = state.job_id = None
             return
-        state.job_id = job_id(env, self.host.hostname, state.job_pid)
         state.namespace, state.pod = kubernetes_pod(env, st.pid, procfs.PROC)
+        state.job_id = job_id(env, self.host.hostname, state.job_pid, procfs.owner_uid(st.pid), state.namespace)
         state.env = {k: v for k, v in env.items() if k in ENV_WHITELIST}
 
     def _sample_trainer(self, state, st, tree, now, board, events, live):

@@ -146,3 +146,54 @@ def test_a_real_tcpstore_carries_signed_entries():
     assert R.Peers(board, 0, BOUNDS).others() == [e]
     store.set("loadertop/tune/loader/r1", json.dumps(HOSTILE))
     assert R.Peers(board, 0, BOUNDS).others() == []
+
+
+# --- the fourth review's item 11: the board's folder, stale launches, deleted keys ------------
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes a folder owned by another user (needs root)")
+def test_a_folder_another_user_made_first_does_not_turn_coordination_off(tmp_path):
+    squatted = tmp_path / f"loadertop-tune-{os.geteuid()}"
+    squatted.mkdir(mode=0o777)
+    os.chown(squatted, 65534, 65534)  # nobody made it first
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    env = {"XDG_RUNTIME_DIR": str(runtime), "HOME": str(tmp_path / "home")}
+    folder = R.private_folder(str(tmp_path), env)
+    assert folder == str(runtime / "loadertop-tune")
+    assert R.private_folder(str(tmp_path), env) == folder  # every local rank picks the same
+    # Without a runtime folder: the home's cache.
+    assert R.private_folder(str(tmp_path), {"HOME": str(tmp_path / "home")}).startswith(str(tmp_path / "home"))
+
+
+def test_a_killed_launchs_entries_are_not_this_launchs_and_are_removed(tmp_path):
+    old = R.FileBoard("job", "loader", 2, root=str(tmp_path), launch="999999999.1")  # its launcher is gone
+    old.write(R.Entry(1, 3, 0.5, Knobs(2, 2), at=time.time()))
+    (stale,) = os.listdir(old.folder)
+    new = R.FileBoard("job", "loader", 2, root=str(tmp_path))
+    assert new.launch == R.launch_of() and new.launch != old.launch
+    assert R.Peers(new, 0, BOUNDS).others() == []  # rank 1 of the killed launch is no peer
+    assert stale not in os.listdir(new.folder)  # and its file is gone
+    # A launch whose launcher still runs keeps its files.
+    alive = R.FileBoard("job", "loader", 2, root=str(tmp_path), launch=R.launch_of(os.getpid()))
+    alive.write(R.Entry(1, 3, 0.5, Knobs(2, 2), at=time.time()))
+    R.FileBoard("job", "loader", 2, root=str(tmp_path))
+    assert any(name.startswith(alive.prefix) for name in os.listdir(alive.folder))
+
+
+def test_a_peer_epochs_behind_is_not_waited_for(tmp_path):
+    board = R.FileBoard("job", "loader", 2, root=str(tmp_path))
+    board.write(R.Entry(1, 3, 0.5, Knobs(2, 2), at=time.time()))
+    me = R.Peers(board, 0, BOUNDS)
+    assert len(me.others(epoch=5)) == 1
+    assert me.others(epoch=6) == []  # 3 epochs behind in lockstep: it ended
+
+
+def test_peers_whose_entries_vanish_leave_a_rank_in_its_role_not_alone():
+    # Anyone who reaches the store can delete a key: that dropped every rank to tuning alone.
+    one = Knobs(1, 2)
+    roles = R.Roles()
+    assert roles.next(1, 0.5, 3, [R.Entry(0, 3, 0.45, one)]).role == "follower"
+    assert roles.next(1, 0.5, 4, []).role == "follower"
+    # A rank that never saw a peer (the only one that tunes) is alone.
+    assert R.Roles().next(1, 0.5, 3, []).role == "alone"

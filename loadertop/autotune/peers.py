@@ -18,7 +18,9 @@ by the monitor's own rule of who waits for whom (rules/ranks.py, `input_straggle
 
 The board: torch.distributed's store where the job has one (every node; `set`, `check` and
 `get` of keys that exist: no collective, nothing that waits for another rank), else files in
-a folder of this user's on the node (`/dev/shm/loadertop-tune-UID/`, for local ranks). Any
+a folder of this user's on the node (`/dev/shm/loadertop-tune-UID/`, or its runtime folder
+where another user made that name first; for local ranks, one launch's files apart from a
+killed launch's). Any
 error turns coordination off with one warning: each rank then tunes alone.
 
 The store is unauthenticated and listens on every interface: any local user can write a key.
@@ -52,6 +54,7 @@ from ..rules.ranks import STRAGGLER_SHARE, input_straggler  # who waits for whom
 from ..rules.thresholds import RANK_GAP  # data waits this far apart are not noise: the monitor's
 
 FRESH_S = 600.0  # a peer's entry older than this is gone (the rank ended, or stopped tuning)
+LAG_EPOCHS = 2  # ...and one this many epochs behind this rank's
 CLOCK_SKEW_S = 60.0  # a peer on another node may write a time this far ahead of this node's clock
 SECRET_BYTES = 32
 MAX_STORE_RANKS = 64  # past this many ranks the store is not read key by key: the node's files are
@@ -199,8 +202,15 @@ class Roles:
     def __init__(self) -> None:
         self.role = Decision("alone")
         self.pending: Role | None = None
+        self.seen_peers = False
 
     def next(self, me: int, wait: float | None, epoch: int, peers: list[Entry]) -> Decision:
+        if not peers and self.seen_peers:
+            # Peers seen before and none now: their entries were removed (anyone who can reach
+            # the store can delete a key), or they ended. Either way this rank keeps its role:
+            # going alone would start trials its peers do not make.
+            return self.role
+        self.seen_peers = self.seen_peers or bool(peers)
         raw = role_of(me, wait, epoch, peers)
         held = self.role.role in ("waiting", "straggler")
         if raw.role in ("waiting", "straggler"):
@@ -220,12 +230,29 @@ class Roles:
         return raw
 
 
-def private_folder(root: str = "/dev/shm") -> str:
-    """This user's folder for the tuner's files on the node (0700, checked: no one else's)."""
-    folder = os.path.join(root, f"loadertop-tune-{os.geteuid()}")
-    if not own_folder(folder, 0o077):
-        raise OSError(f"{folder} is not a private folder of this user's")
-    return folder
+def private_folder(root: str = "/dev/shm", env: dict[str, str] | None = None) -> str:
+    """This user's folder for the tuner's files on the node (0700, checked: no one else's).
+
+    `/dev/shm/loadertop-tune-UID` where it is this user's, or can be made. Anyone can make that
+    name first in /dev/shm (a world-writable folder): then this user's runtime folder
+    ($XDG_RUNTIME_DIR, private to it on the node), else its home's cache. Every local rank of
+    a job runs as one user with one environment, so each picks the same."""
+    env = dict(os.environ) if env is None else env
+    candidates = [os.path.join(root, f"loadertop-tune-{os.geteuid()}")]
+    if env.get("XDG_RUNTIME_DIR", "").startswith("/"):
+        candidates.append(os.path.join(env["XDG_RUNTIME_DIR"], "loadertop-tune"))
+    home = env.get("HOME", "")
+    if home.startswith("/"):
+        candidates.append(os.path.join(home, ".cache", f"loadertop-tune-{os.geteuid()}"))
+    for folder in candidates:
+        try:
+            if folder.startswith(home + "/") and home:
+                os.makedirs(os.path.dirname(folder), 0o700, exist_ok=True)  # ~/.cache
+            if own_folder(folder, 0o077):
+                return folder
+        except OSError:
+            continue  # its parent is missing or not writable: the next
+    raise OSError(f"{candidates[0]} is not a private folder of this user's, nor any of {candidates[1:]}")
 
 
 def user_secret(folder: str) -> bytes:
@@ -269,15 +296,45 @@ def signed_body(secret: bytes, text: str | bytes) -> str | None:
     return body if hmac.compare_digest(mac.encode(), good.encode()) else None
 
 
+def launch_of(pid: int | None = None) -> str:
+    """The launch this process's ranks share on this node: its parent (torchrun's agent,
+    Slurm's step daemon, mpirun's daemon, the script that spawned the ranks), by pid and start
+    time. A later launch of the same job name has another: a killed launch's files are not its."""
+    parent = os.getppid() if pid is None else pid
+    try:
+        with open(f"/proc/{parent}/stat", "rb") as f:
+            start = f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        start = "0"
+    return f"{parent}.{start}"
+
+
 class FileBoard:
     """Entries as files in a folder of this user's on the node: the job's local ranks (no
-    other user can write there)."""
+    other user can write there). A file's name holds the job, the launch (launch_of) and the
+    rank: a killed launch's entries are never read as this one's, and are removed once their
+    launcher is gone."""
 
-    def __init__(self, job: str, name: str, world: int, root: str = "/dev/shm") -> None:
+    def __init__(self, job: str, name: str, world: int, root: str = "/dev/shm", launch: str | None = None) -> None:
         self.folder = private_folder(root)
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{job}-{name}")[:120]
-        self.prefix = f"{safe}-r"
+        self.launch = launch_of() if launch is None else launch
+        self.prefix = f"{safe}-{self.launch}-r"
         self.world = world
+        self._remove_ended(f"{safe}-")
+
+    def _remove_ended(self, job_prefix: str) -> None:
+        """Entries of this job's earlier launches whose launcher has ended."""
+        for name in os.listdir(self.folder):
+            launch = name[len(job_prefix):].split("-r", 1)[0]
+            if not name.startswith(job_prefix) or launch == self.launch or "." not in launch:
+                continue
+            pid = launch.split(".", 1)[0]
+            if pid.isdigit() and launch_of(int(pid)) != launch:
+                try:
+                    os.unlink(os.path.join(self.folder, name))
+                except OSError:
+                    pass
 
     def write(self, entry: Entry) -> None:
         path = os.path.join(self.folder, f"{self.prefix}{entry.rank}.json")
@@ -380,9 +437,13 @@ class Peers:
     def tell(self, entry: Entry) -> None:
         self.board.write(entry)
 
-    def others(self, now: float | None = None) -> list[Entry]:
+    def others(self, now: float | None = None, epoch: int | None = None) -> list[Entry]:
+        """The peers' entries this rank admits; at `epoch`, none of a rank more than
+        LAG_EPOCHS behind it (in lockstep the ranks count epochs alike: one that far behind has
+        ended, and is not waited for)."""
         now = time.time() if now is None else now
-        return [e for key, e in self.board.read() if e.rank != self.rank and self.bounds.admits(key, e, now)]
+        return [e for key, e in self.board.read() if e.rank != self.rank and self.bounds.admits(key, e, now)
+                and (epoch is None or e.epoch >= epoch - LAG_EPOCHS)]
 
     def close(self) -> None:
         self.board.close(self.rank)

@@ -522,7 +522,7 @@ class Tuner:
         if self.epoch <= 2 and self.last_epoch_s < MAX_STRETCH_S:
             self.last_wait = None  # a short first epoch's: the ranks started apart (_decide)
         try:
-            role = self.roles.next(self.peers.rank, self.last_wait, self.epoch, self.peers.others())
+            role = self.roles.next(self.peers.rank, self.last_wait, self.epoch, self.peers.others(epoch=self.epoch))
         except Exception as e:
             self._alone(e)
             return R.Decision("alone")
@@ -545,7 +545,7 @@ class Tuner:
         if self.role.role != "leader" or self.peers is None:
             return own
         try:
-            peers = self.peers.others()
+            peers = self.peers.others(epoch=self.epoch)
         except Exception as e:
             self._alone(e)
             return own

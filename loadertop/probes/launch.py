@@ -46,22 +46,39 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def job_id(env: dict[str, str], hostname: str, job_pid: int) -> str:
+def job_id(env: dict[str, str], hostname: str, job_pid: int, uid: int | None = None,
+           namespace: str | None = None) -> str:
     """The job's name, stable on every node: the launcher's run id where it set one, else the
     Slurm job, else the rendezvous address, else this host's job pid (a job of one process).
     A loopback rendezvous names a single-node job only with its host (every node of a fleet
-    has its own 127.0.0.1:29500); a multi-node job on loopback is a test on one machine."""
+    has its own 127.0.0.1:29500); a multi-node job on loopback is a test on one machine.
+
+    A launcher's name is only what the environment says, and anyone can copy another job's
+    (TORCHELASTIC_RUN_ID and RANK were enough to join a victim's series and turn its verdict):
+    it names a job with its owner, the process's uid (which the kernel vouches for) and, in a
+    pod, its namespace: `run:exp7@uid1000`, `run:exp7@research/uid0`. A job pid is this host's
+    and needs none."""
+    name = _launcher_name(env, hostname)
+    if name is None:
+        return f"{hostname}/{job_pid}"[:120]
+    if uid is None:
+        return name[:120]
+    owner = f"{namespace}/uid{uid}" if namespace else f"uid{uid}"
+    return f"{name[:120]}@{owner[:130]}"
+
+
+def _launcher_name(env: dict[str, str], hostname: str) -> str | None:
     run = env.get("TORCHELASTIC_RUN_ID", "")
     if run and run != "none":
-        return f"run:{run}"[:120]
+        return f"run:{run}"
     slurm = env.get("SLURM_JOB_ID", "")
     if slurm:
-        return f"slurm:{slurm}"[:120]
+        return f"slurm:{slurm}"
     addr, port = env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", "")
     if addr and port:
         world, local = env.get("WORLD_SIZE", ""), env.get("LOCAL_WORLD_SIZE", "")
         one_node = not world or world == local
         if _loopback(addr) and one_node:
-            return f"{hostname}:{port}"[:120]
-        return f"{addr}:{port}"[:120]
-    return f"{hostname}/{job_pid}"[:120]
+            return f"{hostname}:{port}"
+        return f"{addr}:{port}"
+    return None
