@@ -6,6 +6,7 @@ each way Prometheus cannot be read, in one line."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -225,7 +226,7 @@ def test_two_nodes_one_job_the_fleet_names_the_node_and_rank_it_waits_for(tmp_pa
             r = fleet(url, "--json")
             if r.returncode != 0:
                 return None
-            jobs = [x for x in json.loads(r.stdout)["jobs"] if x["job"] == f"127.0.0.1:{master}"]
+            jobs = [x for x in json.loads(r.stdout)["jobs"] if x["job"] == f"127.0.0.1:{master}@uid{os.geteuid()}"]
             return jobs[0] if jobs and jobs[0]["straggler"] and len(jobs[0]["ranks"]) == 2 else None
 
         job_ = wait_for(named, 180, interval=2, what="the fleet to join the two nodes' ranks and name the straggler")

@@ -3,6 +3,11 @@ every node, and the Kubernetes namespace and pod a rank runs in."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import time
+
 import pytest
 
 from loadertop.probes.launch import job_id, kubernetes_pod
@@ -19,6 +24,20 @@ def test_a_jobs_name_is_the_same_on_every_node():
     one = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"}
     assert job_id(one, "node-a", 1) != job_id(one, "node-b", 1)
     assert job_id({}, "node-a", 77) == "node-a/77"
+
+
+def test_a_jobs_name_carries_its_owner_so_copying_its_environment_joins_nothing():
+    # The fourth review: another user's process with a copy of TORCHELASTIC_RUN_ID and RANK
+    # joined its series to the victim's job (19 duplicate series, its verdict turned).
+    env = {"TORCHELASTIC_RUN_ID": "exp7", "RANK": "1"}
+    victim, impostor = job_id(env, "a", 1, uid=0), job_id(env, "a", 2, uid=65534)
+    assert victim == "run:exp7@uid0" and impostor == "run:exp7@uid65534"
+    # In a pod: its namespace too (pods of many tenants run as uid 0).
+    assert job_id(env, "a", 1, uid=0, namespace="research") == "run:exp7@research/uid0"
+    assert job_id(env, "a", 1, uid=0, namespace="research") != job_id(env, "a", 1, uid=0, namespace="other")
+    # The same owner on every node: one job across nodes still.
+    assert job_id(env, "node-a", 1, uid=1000) == job_id(env, "node-b", 9, uid=1000)
+    assert job_id({}, "a", 77, uid=1000) == "a/77"  # a job pid is this host's already
 
 
 def test_a_rank_in_a_kubernetes_pod_is_named_by_its_namespace_and_pod(tmp_path):
@@ -64,3 +83,40 @@ def test_loadertop_itself_is_no_job_but_its_demo_is():
     assert runs_loadertop(["python", "-m", "loadertop", "snapshot", "12"])
     assert not runs_loadertop(["python", "-m", "loadertop.demo_job", "--workers", "1"])
     assert not runs_loadertop(["python", "train.py"])
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("runuser"), reason="needs root and runuser")
+def test_another_users_copy_of_a_jobs_environment_is_another_job():
+    # Two real processes with the same TORCHELASTIC_RUN_ID, one of them another user's: the
+    # sampler names them two jobs, by the uid the kernel gives each.
+    from loadertop.sampler import Sampler
+
+    env = {**os.environ, "TORCHELASTIC_RUN_ID": "exp7", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.5",
+           "MASTER_PORT": "29500"}
+    mine = subprocess.Popen(["sleep", "60"], env={**env, "RANK": "0"})
+    theirs = subprocess.Popen(["runuser", "-u", "nobody", "--", "sleep", "60"], env={**env, "RANK": "1"})
+    sampler = None
+    impostor: list[int] = []
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # runuser's child: the sleep itself, as nobody
+            impostor = [int(p) for p in subprocess.run(["pgrep", "-u", "nobody", "-P", str(theirs.pid)],
+                                                       capture_output=True, text=True).stdout.split()]
+            if impostor:
+                break
+            time.sleep(0.05)
+        assert impostor, "nobody's sleep did not start"
+        sampler = Sampler([mine.pid, impostor[0]], interval_s=0.2)
+        jobs = {t.pid: t.job for t in sampler.tick().trainers}
+        assert jobs == {mine.pid: "run:exp7@uid0", impostor[0]: "run:exp7@uid65534"}, jobs
+    finally:
+        if sampler is not None:
+            sampler.close()
+        for pid in impostor:  # runuser's child outlives runuser killed
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        for p in (mine, theirs):
+            p.kill()
+            p.wait()
