@@ -158,6 +158,9 @@ def _parser() -> argparse.ArgumentParser:
     exp.add_argument("--listen", default="127.0.0.1:9464", help="HOST:PORT (127.0.0.1:9464; all interfaces: 0.0.0.0)")
     exp.add_argument("--interval", type=_interval, default=5.0, help="seconds per tick (5)")
     exp.add_argument("--no-stacks", action="store_true", help="do not run py-spy (no data wait)")
+    exp.add_argument("--job-names", action="store_true",
+                     help="serve the job names read from other users' environments (run and Slurm ids, rendezvous "
+                          "addresses) as they are; without it they are digests, which still join a job's ranks")
 
     fleet = sub.add_parser("fleet", help="every job the node agents report to Prometheus, joined across nodes")
     fleet.add_argument("--prometheus", required=True, metavar="URL", help="the Prometheus server, http://host:9090")
@@ -556,7 +559,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     source = NodeAgent(sampler) if args.all else sampler
     print(f"loadertop: metrics on http://{args.listen}/metrics (Ctrl-C stops)", file=sys.stderr)
     try:
-        serve(source, args.listen, args.interval, workers=not args.no_worker_series)
+        serve(source, args.listen, args.interval, workers=not args.no_worker_series, job_names=args.job_names)
     except OSError as e:
         raise UsageError(f"cannot listen on {args.listen}: {e.strerror}") from None
     except KeyboardInterrupt:

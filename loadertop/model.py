@@ -398,6 +398,7 @@ class TrainerSnapshot:
     job_id: str | None = None
     namespace: str | None = None  # its Kubernetes pod's namespace and name, where it runs in one
     pod: str | None = None
+    owner_uid: int | None = None  # the user it runs as (whose environment named its job)
 
     def __post_init__(self) -> None:
         # The command line and environment are the process's own words (an argv can hold an

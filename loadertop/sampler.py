@@ -58,6 +58,7 @@ class _Trainer:
     cmdline: tuple[str, ...] = ()
     env: dict[str, str] | None = None
     job_id: str | None = None
+    owner_uid: int | None = None  # the user it runs as
     namespace: str | None = None  # its Kubernetes pod's, where it runs in one
     pod: str | None = None
     usable_cpus: int | None = None
@@ -287,7 +288,8 @@ class Sampler:
             state.env = state.job_id = None
             return
         state.namespace, state.pod = kubernetes_pod(env, st.pid, procfs.PROC)
-        state.job_id = job_id(env, self.host.hostname, state.job_pid, procfs.owner_uid(st.pid), state.namespace)
+        state.owner_uid = procfs.owner_uid(st.pid)
+        state.job_id = job_id(env, self.host.hostname, state.job_pid, state.owner_uid, state.namespace)
         state.env = {k: v for k, v in env.items() if k in ENV_WHITELIST}
 
     def _sample_trainer(self, state, st, tree, now, board, events, live):
@@ -357,6 +359,7 @@ class Sampler:
             throttled_fraction=state.throttled_fraction,
             memory_headroom_bytes=state.memory_headroom,
             job_id=state.job_id,
+            owner_uid=state.owner_uid,
             namespace=state.namespace,
             pod=state.pod,
         )

@@ -641,3 +641,22 @@ def test_a_cpu_line_cut_short_in_proc_stat_is_skipped_not_a_crash(tmp_path, monk
     (fake / "stat").write_text("cpu  10 0 10 80 0 0 0 0\ncpu0 5 0 5 40 0 0 0 0\ncpu1 5 0\ncpu2\nintr 1\n")
     monkeypatch.setattr(procfs, "PROC", str(fake))
     assert procfs.read_per_cpu_times() == {0: (10, 50)}
+
+
+def test_other_users_job_names_are_served_masked_unless_asked():
+    # The fourth review: the node agent (root) served every local user the job ids it read from
+    # other users' owner-only /proc/PID/environ. Masked, they still join a job across nodes.
+    from loadertop.outputs.export import Exporter
+    from loadertop.probes.launch import masked
+
+    theirs = trainer(pid=4000, job_id="run:exp7@uid65534", owner_uid=65534)
+    mine = trainer(pid=5000, job_id="run:mine@uid0", owner_uid=os.geteuid())
+    sampler = SimpleNamespace(tick=lambda: snapshot(0, [theirs, mine]), close=lambda: None)
+    for job_names, shown in ((False, masked("run:exp7@uid65534")), (True, "run:exp7@uid65534")):
+        exporter = Exporter(sampler, interval_s=1.0, job_names=job_names)
+        exporter.sample_once()
+        text = _text(exporter)
+        assert f'train_job="{shown}"' in text and ("exp7" in text) == job_names
+        assert 'train_job="run:mine@uid0"' in text  # this user's own: as is
+    assert masked("run:exp7@uid65534") == masked("run:exp7@uid65534") != masked("run:exp8@uid65534")
+    assert masked("run:exp7@uid65534").endswith("@uid65534") and masked("node-a/77") == "node-a/77"

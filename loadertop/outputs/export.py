@@ -34,6 +34,7 @@ from ..fields import (
 )
 from ..model import Snapshot, TrainerSnapshot
 from ..probes.host import job_roots
+from ..probes.launch import masked
 from ..rules import Diagnoser
 from ..rules.diagnosis import Diagnosis
 from ..rules.ranks import Attribution, rank_figures
@@ -83,17 +84,22 @@ def rank_views(snap: Snapshot, recent, compared: Mapping[str, Attribution]) -> d
     return out
 
 
-def trainer_labels(t: TrainerSnapshot, node: str) -> list[str]:
-    """node, train_job, rank, local_rank, world_size, namespace, pod (fields.TRAINER_LABELS)."""
+def trainer_labels(t: TrainerSnapshot, node: str, job_names: bool = True) -> list[str]:
+    """node, train_job, rank, local_rank, world_size, namespace, pod (fields.TRAINER_LABELS).
+    Without `job_names`, a job named from another user's environment is served masked."""
     def text(x: int | str | None) -> str:
         return "" if x is None else str(x)
-    return [node, t.job, text(t.rank), text(t.local_rank), text(t.world_size), text(t.namespace), text(t.pod)]
+    job = t.job if job_names or t.owner_uid in (None, os.geteuid()) else masked(t.job)
+    return [node, job, text(t.rank), text(t.local_rank), text(t.world_size), text(t.namespace), text(t.pod)]
 
 
 class Exporter:
-    def __init__(self, sampler, interval_s: float = 1.0, workers: bool = True) -> None:
+    def __init__(self, sampler, interval_s: float = 1.0, workers: bool = True, job_names: bool = False) -> None:
         self.sampler = sampler
         self.workers = workers  # per-worker series
+        # Job names read from other users' environments (owner-only, /proc/PID/environ) are
+        # served as digests unless asked (`--job-names`): every local user can scrape.
+        self.job_names = job_names
         self.interval_s = interval_s
         self.diagnoser = Diagnoser()
         self.latest: tuple[Snapshot, Diagnosis, dict[int, RankView]] | None = None
@@ -168,7 +174,7 @@ class Exporter:
             families[metric.name] = GaugeMetricFamily(metric.name, metric.help, labels=metric.labels)
         info = GaugeMetricFamily(PROCESS_INFO.name, PROCESS_INFO.help, labels=list(PROCESS_INFO.labels))
         trainer_info = GaugeMetricFamily(TRAINER_INFO.name, TRAINER_INFO.help, labels=list(TRAINER_INFO.labels))
-        labels_of = {t.pid: trainer_labels(t, host) for t in snap.trainers}
+        labels_of = {t.pid: trainer_labels(t, host, self.job_names) for t in snap.trainers}
         for t in snap.trainers:
             trainer_labels_ = labels_of[t.pid]
             trainer_info.add_metric([*trainer_labels_, str(t.pid), str(t.job_pid)], 1.0)
@@ -423,14 +429,15 @@ class NodeAgent:
         self.sampler.close()
 
 
-def serve(sampler, listen: str, interval_s: float, workers: bool = True) -> None:
+def serve(sampler, listen: str, interval_s: float, workers: bool = True, job_names: bool = False) -> None:
     """Serve until interrupted. listen is HOST:PORT. workers: per-worker series (off for a
-    large node: the trainers' and main processes' series stay)."""
+    large node: the trainers' and main processes' series stay). job_names: other users' job
+    names as read (else masked: probes/launch.masked)."""
     from prometheus_client.core import CollectorRegistry
 
     host, _, port = listen.rpartition(":")
     host = host.strip("[]") or "127.0.0.1"
-    exporter = Exporter(sampler, interval_s, workers=workers)
+    exporter = Exporter(sampler, interval_s, workers=workers, job_names=job_names)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(exporter)
     try:

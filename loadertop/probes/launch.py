@@ -8,6 +8,7 @@ redact module's ENV_WHITELIST is what leaves the process).
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import os
 
@@ -65,6 +66,18 @@ def job_id(env: dict[str, str], hostname: str, job_pid: int, uid: int | None = N
         return name[:120]
     owner = f"{namespace}/uid{uid}" if namespace else f"uid{uid}"
     return f"{name[:120]}@{owner[:130]}"
+
+
+def masked(job: str) -> str:
+    """A job's name as users other than its owner may see it: where it comes from another
+    user's environment (readable only to that user and root), its kind and a digest of it.
+    The digest is the same on every node, so a fleet still joins the job's ranks; its owner
+    stays as is. `run:exp7@uid1000` -> `run:#5e0c1d72a9f3@uid1000`."""
+    name, at, owner = job.partition("@")
+    if not at:
+        return job  # a job pid's name (`host/pid`) holds nothing of its environment
+    kind = name.split(":", 1)[0] if name.startswith(("run:", "slurm:")) else "addr"
+    return f"{kind}:#{hashlib.sha256(name.encode()).hexdigest()[:12]}@{owner}"
 
 
 def _launcher_name(env: dict[str, str], hostname: str) -> str | None:
