@@ -548,3 +548,20 @@ def test_a_busy_host_names_what_takes_its_cpus_and_frees_no_more_cpus_than_it_ha
         assert cpus <= 2 and f"with {cpus:g} CPUs of its own ~{gain:+.0%}" in over.suggestion
         assert over.evidence["with_more_cpus"] == {"cpus": cpus, "predicted_gain": gain}
     assert all("cpu_oversubscribed says" not in f.suggestion for f in findings)
+
+
+def test_a_load_that_comes_and_goes_is_a_busy_host_only_past_its_noise():
+    # A suite's neighbour that takes a CPU for a second now and then put one snapshot of an
+    # unchanged job over the busy-host line and the next under it (BUSY HOST, then INPUT-BOUND).
+    from loadertop.rules.base import Context
+
+    def budget(cpus_busy):
+        h = story(30, lambda t: snapshot(t, [trainer(workers=1, worker_cpu=95.0, wait=0.8, usable=2, cpu_set=(0, 1),
+                                                     cpus_busy=cpus_busy(t), main=process(TRAINER, 10.0))],
+                                         host(2, cpu=80.0)))
+        return Context(h[-1], h[-1].trainers[0], h).measured.budget
+
+    steady = budget(lambda t: 1.65)  # others keep 0.6 of the 2 CPUs busy, every tick
+    assert steady.limit == "busy_host" and steady.others_busy_error < 0.01
+    bursts = budget(lambda t: 2.0 if t % 5 < 3 else 1.05)  # 0.57 on average, in bursts of a whole CPU
+    assert bursts.others_busy > 0.5 and bursts.limit == "cpus", bursts

@@ -8,10 +8,11 @@ Pure: built from snapshots only. Every figure that could not be measured is None
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from statistics import fmean, median
+from statistics import fmean, median, stdev
 
 from ..fields import context_switches
 from ..model import WAITING_FOR_INDICES, BusyProcess, LoaderConfig, ProcessSample, Snapshot, TrainerSnapshot
@@ -69,6 +70,7 @@ class CpuBudget:
     # in the trainer's own group (None: its group unread), and in each other group.
     same_group: tuple[BusyProcess, ...] | None = None
     other_groups: tuple[tuple[BusyProcess, ...], ...] = ()
+    others_busy_error: float = 0.0  # the standard error of others_busy over the window's ticks
 
 
 @dataclass(frozen=True)
@@ -216,6 +218,12 @@ def cpu_budget(snap: Snapshot, trainer: TrainerSnapshot, window: Sequence[Traine
     others_use = sum((use or 0.0) * _shared_part(cpu_set, their_set) for their_set, use in overlapping.values())
     busy = mean_of(t.cpus_busy for t in window)
     others_busy = max(0.0, busy - (used or 0.0) - others_use) if busy is not None else 0.0
+    # Tick by tick, what others kept busy: a load that comes and goes (a compile, another
+    # snapshot, a test's last job going down) spreads it, and one window of it is not a busy host.
+    others_ticks = [t.cpus_busy - sum((p.cpu_percent or 0.0) for p in (t.main, *t.workers)) / 100.0 - others_use
+                    for t in window if t.cpus_busy is not None
+                    and all(p.cpu_percent is not None for p in (t.main, *t.workers))]
+    error = stdev(others_ticks) / math.sqrt(len(others_ticks)) if len(others_ticks) >= 3 else 0.0
     throttled = mean_of(t.throttled_fraction for t in window)
     room = size - others_busy
     available = min(quota, room) if quota is not None else room
@@ -228,11 +236,11 @@ def cpu_budget(snap: Snapshot, trainer: TrainerSnapshot, window: Sequence[Traine
     fair = available * fair_cpus / size
     cpus = max(fair, available - others_use) if overlapping else available
     cpus = max(T.MIN_PLANNED_CPUS, min(available, cpus))
-    limit = limit_of(bool(overlapping) and cpus < available - 1e-6, others_busy, size, quota)
+    limit = limit_of(bool(overlapping) and cpus < available - 1e-6, others_busy, size, quota, error)
     same, other = _groups(snap, trainer)
     return CpuBudget(cpus=cpus, cpu_set=size, quota=quota, shared_with=len(overlapping),
                      others_busy=others_busy, used=used, throttled=throttled, limit=limit,
-                     same_group=same, other_groups=other)
+                     same_group=same, other_groups=other, others_busy_error=error)
 
 
 def _groups(snap: Snapshot,
@@ -247,13 +255,14 @@ def _groups(snap: Snapshot,
     return same, tuple(tuple(c) for c in by_group.values())
 
 
-def limit_of(shared: bool, others_busy: float, size: int, quota: float | None) -> CpuLimitKind:
+def limit_of(shared: bool, others_busy: float, size: int, quota: float | None, error: float = 0.0) -> CpuLimitKind:
     """What bounds a trainer's CPUs: sharing them with other DataLoader trainers, other
-    processes keeping them busy, its quota, or simply how many it may run on."""
+    processes keeping them busy (past the noise of their tick-to-tick load, `error`: its
+    standard error), its quota, or simply how many it may run on."""
     room = size - others_busy
     if shared:
         return "shared"
-    if others_busy >= T.BUSY_HOST_SHARE * size and room < (quota if quota is not None else size):
+    if others_busy - T.NOISE_Z * error >= T.BUSY_HOST_SHARE * size and room < (quota if quota is not None else size):
         return "busy_host"
     if quota is not None and quota < size - 1e-6 and quota <= room:
         return "quota"
