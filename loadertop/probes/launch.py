@@ -72,7 +72,7 @@ def masked(job: str) -> str:
     """A job's name as users other than its owner may see it: where it comes from another
     user's environment (readable only to that user and root), its kind and a digest of it.
     The digest is the same on every node, so a fleet still joins the job's ranks; its owner
-    stays as is. `run:exp7@uid1000` -> `run:#5e0c1d72a9f3@uid1000`."""
+    stays as is. `run:exp7@uid1000` -> `run:#e15c586d090f@uid1000`."""
     name, at, owner = job.partition("@")
     if not at:
         return job  # a job pid's name (`host/pid`) holds nothing of its environment
