@@ -198,6 +198,54 @@ def test_a_waiting_loop_gets_more_workers_kept_when_faster_and_reverted_when_not
     assert flat.num_workers == 1 and "revert" in [d.action for d in slower.decisions]
 
 
+class PrefetchLoader:
+    """timm's wrapper, as it is shaped: the DataLoader in `.loader`, no settings of its own."""
+
+    def __init__(self, loader) -> None:
+        self.loader = loader
+        self.mean = (0.5,)  # its own attributes: none of them a DataLoader's setting
+
+
+class WebLoader:
+    """webdataset's WebLoader, as it is shaped: a pipeline whose first stage is the DataLoader."""
+
+    def __init__(self, loader) -> None:
+        self.pipeline = [loader, lambda batches: batches]
+
+
+@pytest.mark.parametrize("wrap", [PrefetchLoader, WebLoader], ids=["timm PrefetchLoader", "webdataset WebLoader"])
+def test_a_wrapped_loader_is_tuned_through_its_wrapper(quiet_host, wrap):
+    # Issue 45: "tuning off: PrefetchLoader has no num_workers: not a torch DataLoader".
+    from loadertop.autotune import loader as L
+
+    inner = Loader(workers=1)
+    wrapper = wrap(inner)
+    assert L.innermost(wrapper) is inner and L.innermost(inner) is inner
+    t, _ = make_tuner()
+    clock = [0]
+    t.clock = lambda: clock[0]
+    for _ in range(10):
+        t.boundary(wrapper)
+        with t.building():
+            pass
+        t.begin(wrapper)
+        for _ in range(60):
+            clock[0] += int(0.08 / min(inner.num_workers, 4) * 1e9)
+            t.delivered(clock[0], int(0.08 / min(inner.num_workers, 4) * 0.75 * 1e9))
+        t.end()
+    assert t.state != "off" and inner.num_workers >= 2, t.decisions
+
+
+def test_a_wrapper_whose_inside_is_no_loader_is_not_taken_for_one():
+    from loadertop.autotune import loader as L
+
+    class Odd:
+        def __init__(self) -> None:
+            self.loader = object()  # a name, not a DataLoader
+    odd = Odd()
+    assert L.innermost(odd) is odd and "has no num_workers" in L.why_not_tunable(odd, False)
+
+
 def test_an_error_inside_the_tuner_turns_it_off_with_one_warning_and_keeps_the_good_setting():
     class Broken:
         _base_seed = 7
