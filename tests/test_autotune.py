@@ -276,6 +276,13 @@ def test_an_iterable_dataset_is_tuned_only_where_the_user_says_it_shards_by_work
     vouched, _ = make_tuner(shards_by_worker=True)
     drive(vouched, Loader(workers=1, dataset=StreamData()), 3, lambda n: 0.05, wait_share=0.75)
     assert vouched.state != "off"
+    # A dataset that batches itself (webdataset's `.batched(32)` with batch_size=None, issue 45):
+    # each item is a batch, and it is tuned like any other.
+    self_batching = Loader(workers=1, dataset=StreamData())
+    self_batching.batch_size, self_batching.batch_sampler = None, None
+    batched, _ = make_tuner(shards_by_worker=True)
+    drive(batched, self_batching, 6, lambda n: 0.08 / min(n, 4), wait_share=0.75)
+    assert batched.state != "off" and self_batching.num_workers >= 2, batched.decisions
 
 
 def test_no_change_and_no_measurement_in_the_first_epochs_first_batches():

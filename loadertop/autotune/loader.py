@@ -102,8 +102,9 @@ def why_not_tunable(loader, shards_by_worker: bool) -> str | None:
         return (f"{type(dataset).__name__} is an IterableDataset: each worker yields its own stream, so the "
                 "worker count changes what the loop sees; pass shards_by_worker=True if it shards by "
                 "get_worker_info() so that the epoch yields the same items whatever the count")
-    if getattr(loader, "batch_size", 1) is None and getattr(loader, "batch_sampler", None) is None and iterable:
-        return "the loader yields unbatched items of an IterableDataset"
+    # batch_size=None: the loader yields what its dataset yields; a dataset that batches itself
+    # (webdataset's `.batched(32)`, its documented idiom) yields batches, and the loop's steps
+    # are measured as with any other.
     return None
 
 
