@@ -106,8 +106,10 @@ def live(target: int, args, path: str) -> dict:
             recorder.write(snap)
             running = [t for t in snap.trainers if t.status == "running"]
             if running:
+                # The answer the header gives: the job's, for a job of several ranks.
                 v = diagnosis.verdict(running[0])
-                said.append((v.text, v.provisional or v.measuring))
+                job = diagnosis.job_verdicts.get(running[0].job)
+                said.append((job.text if job is not None else v.text, v.provisional or v.measuring))
             broken += [n.message for n in diagnosis.notices if n.id == "invariant_broken"]
             time.sleep(max(0.0, args.interval - (time.monotonic() - tick)))
     finally:
@@ -127,18 +129,29 @@ def views(path: str) -> dict:
     for s in at_work:
         header.feed(s)
     t = at_work[-1].trainers[0]
-    said = {"live header": header.diagnosis.verdict(t).text}
-    _, replayed = ScriptedSource(snaps).seek(len(at_work))
-    said["replay"] = replayed.verdict(t).text
-    report = cli._report_of_recording(snaps)
+    rec = cli._read_recording(path)
+
+    def answer(diagnosis) -> str:
+        """The header's answer: the job's verdict for a job of several ranks, else the trainer's."""
+        job = diagnosis.job_verdicts.get(t.job)
+        return job.text if job is not None else diagnosis.verdict(t).text
+
+    said = {"live header": answer(header.diagnosis)}
+    _, replayed = ScriptedSource(snaps, judged=rec.judged).seek(len(at_work))
+    said["replay"] = answer(replayed)
+    report = cli._report_of_recording(snaps, rec.judged)
     said["snapshot --from"] = report["verdict"]
     text = summary.render(report, summary.ended(snaps))
-    said["summary"] = next((line.split("**")[1] for line in text.splitlines() if "Last verdict" in line), "")
+    said["summary"] = next((line.split("**")[1] for line in text.splitlines()
+                            if "The job's verdict" in line or "Last verdict" in line), "")
+    # diff and the exporter show each rank's own verdict: compared with the live view's for the rank.
+    rank_said = header.diagnosis.verdict(t).text
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "diff.json"
         subprocess.run([sys.executable, "-m", "loadertop", "diff", path, path, "-o", str(out)], check=True,
                        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True)
-        said["diff"] = json.loads(out.read_text())["trainers"][0]["verdict_after"]
+        rows = [r for r in json.loads(out.read_text())["trainers"] if r.get("pid_after") == t.pid]
+        said["diff"] = (rows or json.loads(out.read_text())["trainers"])[0]["verdict_after"]
 
     class Replay:
         def __init__(self) -> None:
@@ -154,8 +167,8 @@ def views(path: str) -> dict:
     for _ in at_work:
         exporter.sample_once()
     said["exporter"] = exporter.diagnoser.diagnosis.verdict(t).text
-    agree = sum(1 for v in said.values() if v == said["live header"])
-    return {"said": said, "agree": agree, "of": len(said)}
+    agree = sum(1 for k, v in said.items() if v == (rank_said if k in ("diff", "exporter") else said["live header"]))
+    return {"said": said, "rank": rank_said, "agree": agree, "of": len(said)}
 
 
 def ab(case, args) -> dict:

@@ -565,3 +565,21 @@ def test_a_load_that_comes_and_goes_is_a_busy_host_only_past_its_noise():
     assert steady.limit == "busy_host" and steady.others_busy_error < 0.01
     bursts = budget(lambda t: 2.0 if t % 5 < 3 else 1.05)  # 0.57 on average, in bursts of a whole CPU
     assert bursts.others_busy > 0.5 and bursts.limit == "cpus", bursts
+
+
+@pytest.mark.parametrize("args,says", [
+    (("--workers", "1"), "--workers 1 -> "),  # timm's train.py, torchvision's references
+    (("-j1",), "-j 1 -> "),
+    (("--dataloader_num_workers=1",), "--dataloader_num_workers 1 -> "),  # Hugging Face's example scripts
+    (("--workers", "8"), "DataLoader(num_workers=1 -> "),  # a flag that did not set this loader's count
+    ((), "DataLoader(num_workers=1 -> "),
+])
+def test_the_change_is_said_in_the_flag_its_user_types(args, says):
+    # Issue 45: timm's users set --workers/-j; the change line said DataLoader(num_workers=4 -> 1).
+    h = story(30, lambda t: snapshot(t, [trainer(workers=1, worker_cpu=95.0, wait=0.77, usable=2, cpu_set=(0, 1),
+                                                 cpus_busy=1.25, main=process(TRAINER, 27.0),
+                                                 cmdline=("python", "train.py", *args))], host(2, cpu=62.0)))
+    findings, plan = plan_of(h)
+    assert says in plan.sentence(), plan.sentence()
+    assert ("on the command line" in plan.sentence()) == (not says.startswith("DataLoader"))
+    assert changes(findings)["DataLoader"]["num_workers"] in (2, 3)  # the report's change: unchanged

@@ -113,3 +113,14 @@ def test_a_stored_judgement_is_made_printable_and_a_damaged_one_is_judged_again(
     stored["verdicts"][0]["verdict"]["text"] = 7
     assert judgement.decode(stored) is None
     assert judgement.decode({"version": 99}) is None and judgement.decode("INPUT-BOUND") is None
+
+
+def test_the_summary_of_a_job_of_ranks_opens_with_the_jobs_verdict():
+    # The bench read the live header's "OVERSUBSCRIBED on rank 1" beside a summary whose first
+    # verdict was rank 0's own: a job of ranks is summarised with its own answer first.
+    from loadertop.outputs.report import build_report
+
+    report = build_report(job_story(INPUT))
+    text = summary.render(report, False)
+    first = next(line for line in text.splitlines() if "verdict" in line)
+    assert first == f"- The job's verdict: **{report['verdict']}**." and "rank 1" in report["verdict"]

@@ -34,8 +34,15 @@ def while_running(snapshots: Sequence[Snapshot]) -> list[Snapshot]:
 
 def render(report: dict, job_ended: bool, recording: str | None = None) -> str:
     """`report`: of the snapshots while the job ran (while_running); `job_ended`: it ended
-    (else loadertop stopped first)."""
+    (else loadertop stopped first). A job of several ranks opens with the job's own verdict
+    (the report's, as the live header says it); each rank's section then says the rank's."""
     out = []
+    for job in report.get("jobs", ()):
+        if job.get("ranks_seen", 0) >= 2:
+            out.append(f"# loadertop summary: job {code(job['job'])}, {count(job['ranks_seen'], 'rank')} seen")
+            out.append("")
+            out.append(f"- The job's verdict: **{job['verdict']}**.")
+            out.append("")
     for t in report["trainers"]:
         rank = f"rank {t['rank']}, " if t.get("rank") is not None else ""
         out.append(f"# loadertop summary: {rank}pid {t['pid']} {code(' '.join(t['cmdline'])[:120])}")

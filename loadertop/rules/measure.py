@@ -19,6 +19,7 @@ from ..model import WAITING_FOR_INDICES, BusyProcess, LoaderConfig, ProcessSampl
 from ..numbers import mean_of
 from ..vocabulary import CpuLimitKind
 from . import thresholds as T
+from .loops import worker_flag
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ class Measured:
     env: dict[str, str]
     shm_torch_largest: int | None = None  # the largest torch segment seen: a floor on a batch
     shm_used: int | None = None  # the window's median of /dev/shm used
+    worker_flag: str | None = None  # the command-line flag that set the worker count (rules/loops.py)
 
     @property
     def num_workers(self) -> int:
@@ -326,6 +328,7 @@ def measure(snap: Snapshot, trainer: TrainerSnapshot, window: Sequence[TrainerSn
         env=trainer.env_dict,
         shm_torch_largest=max(largest) if largest else None,
         shm_used=int(median(peaks)) if peaks else None,
+        worker_flag=worker_flag(trainer.cmdline, active.num_workers if active else 0),
     )
 
 

@@ -76,6 +76,7 @@ class Plan:
     tune_measured: int | None = None
     # On a busy host: what one more worker takes, and from whom (rules/share.py), said as is.
     trade: str = ""
+    worker_flag: str | None = None  # the command-line flag that set the worker count: the change in its words
 
     @property
     def changes_workers(self) -> bool:
@@ -146,7 +147,7 @@ class Plan:
                     args.append("persistent_workers=True")
             if self.chosen.prefetch_factor != self.now.prefetch_factor and self.chosen.num_workers > 0:
                 args.append(f"prefetch_factor={self.now.prefetch_factor} -> {self.chosen.prefetch_factor}")
-            out.append(loader_call(self.loop, args, self.loader))
+            out.append(loader_call(self.loop, args, self.loader, self.worker_flag))
         if "threads" in parts and self.thread_change:
             out.append(describe_threads(self.thread_change))
         if "shm" in parts and self.shm_size:
@@ -462,7 +463,7 @@ def make_plan(m: Measured, hung: bool = False) -> Plan:
     thread_change = _env_limit(m) if cause == THREADS else None
     base: dict[str, Any] = dict(cause=cause, loader=lw.dataset_class if lw else None, now=now, wait_now=m.wait,
                 thread_change=thread_change, evidence=evidence, iterable=m.iterable, cpus_text=cpus_text,
-                loop=m.loop, tuned=lw.tune if lw else None)
+                loop=m.loop, tuned=lw.tune if lw else None, worker_flag=m.worker_flag)
     if cause in (STALLED, DISPATCHED, UNKNOWN) or t is None:
         pressure = bool(m.shm_total and m.shm_peak and m.shm_peak >= T.SHM_WARNING * m.shm_total)
         return Plan(chosen=_without_data_wait(m, now, cause), gain=None, wait_after=None, limit=None,
