@@ -383,7 +383,8 @@ def _handler(registry):
                 pass  # the client went away while we wrote
 
         def parse_request(self) -> bool:
-            self.server.asked(self.connection)  # it asked: no longer a silent one to displace
+            if isinstance(self.server, _Server):
+                self.server.asked(self.connection)  # it asked: no longer a silent one to displace
             return super().parse_request()
 
         def do_GET(self) -> None:
