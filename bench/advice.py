@@ -41,8 +41,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from loadertop.demo_job import calibrate  # noqa: E402
-from loadertop.jobs import shm_wrapper, stop_job  # noqa: E402
 from loadertop.probes.procfs import descendants  # noqa: E402
+from loadertop.started import shm_wrapper, stop_job  # noqa: E402
 
 CGROUP = "/sys/fs/cgroup/cpu/loadertop-bench"
 CPUS = os.cpu_count() or 1

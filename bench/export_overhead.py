@@ -20,7 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from loadertop.jobs import stop_job  # noqa: E402
+from loadertop.started import stop_job  # noqa: E402
 
 TCK = os.sysconf("SC_CLK_TCK")
 

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 
-from .jobs import can_unshare_shm, shm_wrapper, stop_job
+from .started import can_unshare_shm, shm_wrapper, stop_job
 
 __all__ = ["SCENARIOS", "start_job", "stop_job"]
 

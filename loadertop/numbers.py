@@ -5,6 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from statistics import fmean
 
+# Figures a file handed to loadertop may hold (a recording, a hook's file): finite, and small
+# enough that arithmetic and dates on them stay sane (epoch seconds, byte counts, rates).
+LARGEST = 1e15
+
 
 def mean_of(values: Iterable[float | None]) -> float | None:
     """The mean of the values that were measured; None when none was."""

@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from loadertop.jobs import stop_job
 from loadertop.probes.procfs import descendants
+from loadertop.started import stop_job
 
 __all__ = ["PYTHON", "REPO", "Job", "comm", "descendants", "loadertop", "state", "wait_for", "worker_pids"]
 

@@ -14,8 +14,8 @@ import pytest
 from jobs import PYTHON, wait_for, worker_pids
 from test_diagnosis_live import report
 
-from loadertop.jobs import can_unshare_shm, shm_wrapper
 from loadertop.rules import thresholds as T
+from loadertop.started import can_unshare_shm, shm_wrapper
 
 pytestmark = pytest.mark.slow
 CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")

@@ -16,7 +16,7 @@ import sys
 import pytest
 from jobs import REPO
 
-from loadertop.jobs import can_unshare_shm
+from loadertop.started import can_unshare_shm
 
 # Real training jobs tuned in place.
 pytestmark = pytest.mark.slow

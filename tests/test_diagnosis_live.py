@@ -12,7 +12,7 @@ import pytest
 from jobs import PYTHON, loadertop, worker_pids
 from test_snapshot_cli import SCHEMA
 
-from loadertop.jobs import can_unshare_shm, shm_wrapper
+from loadertop.started import can_unshare_shm, shm_wrapper
 
 
 def report(*pids: int, duration: float = 10, interval: float = 0.5, stacks: bool = True) -> dict:

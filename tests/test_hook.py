@@ -16,8 +16,8 @@ from test_snapshot_cli import only_trainer
 
 import loadertop as lt
 from loadertop.hookfile import hook_path
-from loadertop.jobs import shm_wrapper
 from loadertop.probes.hook_files import read_hook
+from loadertop.started import shm_wrapper
 
 
 class Loader:

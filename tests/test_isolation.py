@@ -15,7 +15,7 @@ import pytest
 from jobs import PYTHON, REPO, worker_pids
 from test_snapshot_cli import SCHEMA, only_trainer, snapshot
 
-from loadertop.jobs import can_unshare_shm, shm_wrapper
+from loadertop.started import can_unshare_shm, shm_wrapper
 
 # Real jobs watched by another user.
 pytestmark = pytest.mark.slow

@@ -14,8 +14,8 @@ import jsonschema
 import pytest
 from jobs import PYTHON, REPO, comm, descendants, loadertop, python_sleeper, wait_for, worker_pids
 
-from loadertop.jobs import stop_job
 from loadertop.sampler import Sampler
+from loadertop.started import stop_job
 
 SCHEMA = json.loads((Path(__file__).parent.parent / "loadertop/schema/report-2.json").read_text())
 

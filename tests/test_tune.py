@@ -13,8 +13,8 @@ import time
 import pytest
 from jobs import PYTHON, REPO, descendants, loadertop, state, wait_for
 
-from loadertop.jobs import can_unshare_shm, shm_wrapper
 from loadertop.probes.host import usable_cpus
+from loadertop.started import can_unshare_shm, shm_wrapper
 from loadertop.tune import grid as plan
 from loadertop.tune.grid import Config, Trial
 

@@ -166,32 +166,35 @@ class Bounds:
 
 
 @dataclass(frozen=True)
-class Decision:
+class RankRole:
+    """The part a rank plays among its peers at an epoch boundary (not the tuner's Decision of a
+    setting, model.Decision)."""
+
     role: Role
     peer: int | None = None  # the rank it waits for, or follows
     follow: Knobs | None = None  # a follower's setting for this epoch
 
 
 def role_of(me: int, wait: float | None, epoch: int, peers: list[Entry], gap: float = RANK_GAP,
-            share: float = STRAGGLER_SHARE) -> Decision:
+            share: float = STRAGGLER_SHARE) -> RankRole:
     """This rank's role from its peers' entries (pure); `gap`: the data waits apart that
     make a straggler, `share`: the most of its wait the others may show (the tuner holds a
     role with hysteresis: Roles)."""
     if not peers:
-        return Decision("alone")
+        return RankRole("alone")
     if wait is not None:
         # Who waits for whom, by the monitor's own rule over the ranks' data waits.
         found = input_straggler({**{p.rank: p.wait for p in peers if p.wait is not None}, me: wait}, gap, share)
         if found is not None and found[0] == me:
-            return Decision("straggler")
+            return RankRole("straggler")
         if found is not None and me in found[1]:
-            return Decision("waiting", found[0])
+            return RankRole("waiting", found[0])
     leader = min(peers, key=lambda p: p.rank)
     if me < leader.rank:
-        return Decision("leader")
+        return RankRole("leader")
     follow = leader.plan if leader.plan is not None and leader.plan_from is not None \
         and epoch >= leader.plan_from else leader.setting
-    return Decision("follower", leader.rank, follow)
+    return RankRole("follower", leader.rank, follow)
 
 
 class Roles:
@@ -200,11 +203,11 @@ class Roles:
     data wait is noisy; a role that flips would start trials no one judges."""
 
     def __init__(self) -> None:
-        self.role = Decision("alone")
+        self.role = RankRole("alone")
         self.pending: Role | None = None
         self.seen_peers = False
 
-    def next(self, me: int, wait: float | None, epoch: int, peers: list[Entry]) -> Decision:
+    def next(self, me: int, wait: float | None, epoch: int, peers: list[Entry]) -> RankRole:
         if not peers and self.seen_peers:
             # Peers seen before and none now: their entries were removed (anyone who can reach
             # the store can delete a key), or they ended. Either way this rank keeps its role:

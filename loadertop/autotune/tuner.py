@@ -110,7 +110,7 @@ class Tuner:
         # The other ranks of the job (autotune/peers.py): None alone, or once coordination failed.
         self.peers: R.Peers | None = None
         self.coordinated = False  # the board was looked for (at the first boundary)
-        self.role = R.Decision("alone")
+        self.role = R.RankRole("alone")
         self.roles = R.Roles()
         self.plan: tuple[int, Knobs] | None = None  # a leader's change: from this epoch, every rank
         self.stretch_epoch = 0  # the epoch the stretch began in (a leader reads its peers' waits over it)
@@ -501,7 +501,7 @@ class Tuner:
 
     # --- the other ranks of the job ----------------------------------------------------------
 
-    def _role(self) -> R.Decision:
+    def _role(self) -> R.RankRole:
         """This rank's role among its peers at this boundary (alone where it has none)."""
         # This epoch's own reading only: a wait from before a change (or none, while a change
         # waits for the boundary) would name a straggler that is not one.
@@ -518,14 +518,14 @@ class Tuner:
             except Exception as e:
                 self._alone(e)
         if self.peers is None:
-            return R.Decision("alone")
+            return R.RankRole("alone")
         if self.epoch <= 2 and self.last_epoch_s < MAX_STRETCH_S:
             self.last_wait = None  # a short first epoch's: the ranks started apart (_decide)
         try:
             role = self.roles.next(self.peers.rank, self.last_wait, self.epoch, self.peers.others(epoch=self.epoch))
         except Exception as e:
             self._alone(e)
-            return R.Decision("alone")
+            return R.RankRole("alone")
         if role.role not in ("waiting", "follower") and self.role.role in ("waiting", "follower"):
             self.reason = ""
             if self.explorer is not None and self.ran is not None and self.ran != self.explorer.current:
@@ -607,7 +607,7 @@ class Tuner:
 
     def _alone(self, error: Exception) -> None:
         self.peers = None
-        self.role = R.Decision("alone")
+        self.role = R.RankRole("alone")
         self.plan = None
         _warn_once(f"loadertop tune {self.name}: the ranks of this job cannot coordinate "
                    f"({type(error).__name__}: {error}); each rank tunes alone")

@@ -22,7 +22,7 @@ from typing import TypeVar
 from .. import notices as N
 from ..hookfile import CONFIG_AT, HEADER, MAGIC, PREFIX, SIZE, SUFFIX, prefix_of
 from ..model import DataWait, Decision, Knobs, LoaderConfig, Notice, TuneState
-from ..outputs.record import LARGEST
+from ..numbers import LARGEST
 from ..vocabulary import LOOP_NAMES, TUNE_ACTIONS, TUNE_PHASES, Loop
 from . import procfs
 
@@ -197,7 +197,7 @@ def read_hook(path: str, owner: int | None = None) -> dict | None:
     if pid <= 0 or pid > MAX_PID or not _finite(started, beat, first, last, in_next) or clen > SIZE - CONFIG_AT:
         raise HookError("its header is damaged")
     # A recording holds what is read here: the figures must be ones its reader accepts
-    # (record.LARGEST), and a wait in progress cannot have begun before the process did.
+    # (numbers.LARGEST), and a wait in progress cannot have begun before the process did.
     if max(started, beat, first, last, in_next, wait_ns / 1e9, batches, nbytes) > LARGEST:
         raise HookError("its figures are out of range")
     if in_next and in_next < started - 1:

@@ -20,11 +20,11 @@ import time
 from statistics import fmean
 
 from ..fields import context_switches
-from ..jobs import stop_job
 from ..model import Snapshot
 from ..probes.gpu import GpuProbe
 from ..probes.processes import ProcessSampler
 from ..sampler import Sampler
+from ..started import stop_job
 from . import grid
 from .grid import Config, Summary, Trial
 from .result import Machine, TuneResult, TuneSpec
