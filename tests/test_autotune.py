@@ -620,3 +620,16 @@ def test_a_follower_does_not_run_a_leaders_setting_past_its_own_bounds(tmp_path,
     assert len(said) == 1, said
     with open(f"{board.folder}/{board.prefix}1.json") as f:
         assert json.load(f)["setting"]["num_workers"] == 1
+
+
+def test_the_hook_reads_a_wrapped_loaders_settings_from_the_dataloader_inside():
+    # Issue 45: watch(loader) on timm's and webdataset's wrappers reported no num_workers.
+    import torch
+
+    from loadertop.inside.hook import _config
+
+    inner = torch.utils.data.DataLoader(list(range(8)), batch_size=2, num_workers=3, prefetch_factor=4)
+    for wrapper in (PrefetchLoader(inner), WebLoader(inner)):
+        config = _config(wrapper)
+        assert (config["num_workers"], config["prefetch_factor"], config["batch_size"]) == (3, 4, 2), config
+        assert config["dataset_class"] == "list"

@@ -71,7 +71,7 @@ def test_every_module_imports_only_what_its_layer_may(path):
 
 # What the trainer's side may import besides the standard library: the framework each file
 # adapts, the hook file's format, itself; and the in-place tuner only where tune=True asks.
-INSIDE_MAY = ("loadertop.hookfile", "loadertop.inside")
+INSIDE_MAY = ("loadertop.hookfile", "loadertop.wrapped", "loadertop.inside")
 FRAMEWORKS = ("lightning", "pytorch_lightning", "transformers", "accelerate")
 ONLY_WITH_TUNE = {"inside/hook.py": "loadertop.autotune.tuner"}
 # The package's face re-exports watch(); nothing else on the monitor's side imports inside/.

@@ -24,10 +24,8 @@ the loop sees. What else a change must respect:
   in their own stream, which no other count can take over (a switch repeated items), and
   a sampler that is not restored exactly is drawn again; those wait for the epoch's end.
 
-Wrappers keep the DataLoader they wrap one attribute away, and settings go to that one:
-Accelerate's DataLoaderShard in `base_dataloader`, timm's PrefetchLoader in `loader`, others in
-`dataloader`; webdataset's WebLoader is a pipeline whose first stage is the DataLoader. torch
-is never imported here: its module is taken from the training script's.
+Wrappers keep the DataLoader they wrap one attribute away (loadertop/wrapped.py), and settings
+go to that one. torch is never imported here: its module is taken from the training script's.
 """
 
 from __future__ import annotations
@@ -38,35 +36,8 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 from ..model import Knobs
+from ..wrapped import innermost, looks_like_a_loader  # noqa: F401 (the tuner's names for them)
 from .threads import WorkerThreads, set_main_threads, user_worker_init
-
-# Where wrappers keep the loader they wrap: Accelerate's (a DataLoader itself, whose settings
-# are not the ones that build its iterators), then the others', which have no settings of their
-# own (timm's PrefetchLoader: `loader`).
-_ALWAYS_INNER = ("base_dataloader",)
-_INNER = ("loader", "dataloader", "_loader", "_dataloader")
-_SETTINGS = ("num_workers", "prefetch_factor", "persistent_workers", "dataset")
-
-
-def looks_like_a_loader(x) -> bool:
-    """It has a torch DataLoader's settings (by duck type: torch is not imported here)."""
-    return all(hasattr(x, a) for a in _SETTINGS)
-
-
-def innermost(loader):
-    """The DataLoader whose settings build its iterators, through the wrappers around it."""
-    for _ in range(8):
-        own = getattr(loader, "__dict__", {})
-        inner = next((own[a] for a in _ALWAYS_INNER if a in own), None)
-        if inner is None and not looks_like_a_loader(loader):
-            inner = next((own[a] for a in _INNER if a in own and looks_like_a_loader(own[a])), None)
-            pipeline = own.get("pipeline")  # webdataset's WebLoader: DataLoader, then its stages
-            if inner is None and isinstance(pipeline, list) and pipeline and looks_like_a_loader(pipeline[0]):
-                inner = pipeline[0]
-        if inner is None:
-            return loader
-        loader = inner
-    return loader
 
 
 def knobs_of(loader, threads: bool = False) -> Knobs:

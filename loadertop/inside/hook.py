@@ -36,6 +36,7 @@ from ..hookfile import (
     TAIL,
     hook_path,
 )
+from ..wrapped import innermost
 
 _names = itertools.count()
 
@@ -62,7 +63,10 @@ def _batch_bytes(batch, depth: int = 0) -> int:
     return 0
 
 
-def _config(loader) -> dict:
+def _config(outer) -> dict:
+    """The loader's settings, read from the DataLoader inside any wrapper (timm's, webdataset's,
+    Accelerate's); where it comes from and what it waits on, from the loader the loop holds."""
+    loader = innermost(outer)
     ctx = getattr(loader, "multiprocessing_context", None)
     dataset = getattr(loader, "dataset", None)
     return {
@@ -76,8 +80,8 @@ def _config(loader) -> dict:
         "iterable": any(c.__name__ == "IterableDataset" for c in type(dataset).__mro__) if dataset is not None
         else None,
         "multiprocessing_context": getattr(ctx, "_name", None) or (str(ctx) if ctx is not None else None),
-        "dispatched": _dispatched(loader),
-        "loop": _loop_of(loader),
+        "dispatched": _dispatched(outer),
+        "loop": _loop_of(outer),
         "worker_pids": [],
     }
 
