@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -9,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from synth import gpu, host, snapshot, story, trainer, worker_exit
 
+from loadertop.numbers import LARGEST
 from loadertop.outputs import record
 
 
@@ -84,8 +86,8 @@ def test_every_figure_the_hook_reader_takes_reads_back_from_a_recording(tmp_path
     from loadertop.probes.hook_files import HookError, parse_tune
 
     knobs = {"num_workers": 2, "prefetch_factor": 2}
-    largest = {"action": "try", "from": knobs, "to": knobs, "batch": int(record.LARGEST), "epoch": 2**31,
-               "at": record.LARGEST, "measured_gain": 1e6, "noise": 1e6, "reason": "r" * 500}
+    largest = {"action": "try", "from": knobs, "to": knobs, "batch": int(LARGEST), "epoch": 2**31,
+               "at": LARGEST, "measured_gain": 1e6, "noise": 1e6, "reason": "r" * 500}
     with pytest.raises(HookError, match="batch"):
         parse_tune({"state": "trying", "decisions": [{**largest, "batch": 2**62}]})
     tune = parse_tune({"state": "trying", "setting": knobs, "epoch": 2**31, "steps_per_s": 1e15,
@@ -112,3 +114,29 @@ def test_a_recording_that_repeats_a_pid_reads_back_with_one_process_a_pid(tmp_pa
     back = record.read(str(path)).snapshots
     assert len(back) == 16 and all(len(s.trainers) == 1 and len(s.trainers[0].workers) == 2 for s in back)
     assert len(build_report(back)["trainers"][0]["workers"]) == 2
+
+
+def test_a_line_that_inflates_to_other_words_than_were_written_is_damage(tmp_path):
+    # Fuzzing found a cut and 5 bytes of junk that inflated to a snapshot whose events were not
+    # the ones written: each line carries its checksum, and one that does not match ends the read.
+    import zlib
+
+    lines = [record.with_checksum(json.dumps(record.encode(s), separators=(",", ":")).encode())
+             for s in sample_story(4)]
+    lines[2] = lines[2].replace(b'"interval_s":1.0', b'"interval_s":2.0')  # changed after its checksum
+    path = tmp_path / "r.ltrec"
+    z = zlib.compressobj()
+    path.write_bytes(record.MAGIC + z.compress(b"\n".join(lines) + b"\n") + z.flush())
+    got = record.read(str(path))
+    assert got.snapshots == sample_story(4)[:2] and "checksum" in got.problem
+    # A line without one after lines with one is damage too; a file of lines without any
+    # (written before lines had one) reads as it always did.
+    lines = [record.with_checksum(json.dumps(record.encode(s), separators=(",", ":")).encode())
+             for s in sample_story(2)] + [json.dumps(record.encode(sample_story(3)[2])).encode()]
+    z = zlib.compressobj()
+    path.write_bytes(record.MAGIC + z.compress(b"\n".join(lines) + b"\n") + z.flush())
+    assert len(record.read(str(path)).snapshots) == 2
+    plain = [json.dumps(record.encode(s)).encode() for s in sample_story(3)]
+    z = zlib.compressobj()
+    path.write_bytes(record.MAGIC + z.compress(b"\n".join(plain) + b"\n") + z.flush())
+    assert record.read(str(path)).snapshots == sample_story(3)

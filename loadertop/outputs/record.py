@@ -13,6 +13,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import types
 import typing
 import zlib
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 
 from ..files import open_private
 from ..model import Snapshot
+from ..numbers import LARGEST
 
 MAGIC = b"LOADERTOP-RECORDING 1\n"
 
@@ -36,9 +38,6 @@ def encode(snapshot: Snapshot) -> dict:
 
 
 _HINTS: dict[type, dict] = {}
-# Figures a recording may hold: finite, and small enough that arithmetic and dates on them
-# stay sane (epoch seconds, byte counts, rates).
-LARGEST = 1e15
 
 
 class Damaged(ValueError):
@@ -151,6 +150,23 @@ def _one_of_each(snap: Snapshot) -> Snapshot:
 
 # --- writing ----------------------------------------------------------------------------
 
+# Each line ends in a checksum of itself, as one more key (a reader that does not know it skips
+# it): a damaged stream can inflate to a line that parses, and still is not what was written
+# (a cut and 5 bytes of junk turned a snapshot's events into others).
+_CHECKSUM = re.compile(rb',"crc":"([0-9a-f]{8})"\}$')
+
+
+def with_checksum(body: bytes) -> bytes:
+    """A JSON object's line, its checksum added as its last key."""
+    return body[:-1] + b',"crc":"%08x"}' % zlib.crc32(body)
+
+
+def checksum_of(line: bytes) -> bool | None:
+    """Whether the line's checksum matches it; None for a line without one (written before
+    lines had one)."""
+    m = _CHECKSUM.search(line)
+    return None if m is None else int(m.group(1), 16) == zlib.crc32(line[: m.start()] + b"}")
+
 
 class Recorder:
     """Appends snapshots; each is on disk (sync-flushed) when `write` returns."""
@@ -167,7 +183,7 @@ class Recorder:
         data = encode(snapshot)
         if judged is not None:
             data["judged"] = judged
-        line = json.dumps(data, separators=(",", ":")).encode() + b"\n"
+        line = with_checksum(json.dumps(data, separators=(",", ":")).encode()) + b"\n"
         os.write(self._fd, self._zip.compress(line) + self._zip.flush(zlib.Z_SYNC_FLUSH))
         self.written += 1
 
@@ -269,6 +285,7 @@ def read(path: str) -> Recording:
             raise NotARecording(f"{path} is not a loadertop recording (make one with `loadertop record`)")
         snapshots: list[Snapshot] = []
         judged: list[dict | None] = []
+        checked = False  # a line had a checksum: from there on, every line has one
         lines = _lines(_inflate(f, len(MAGIC)))
         problem = None
         i = 0
@@ -282,6 +299,10 @@ def read(path: str) -> Recording:
                     problem = f"it holds more than {MAX_SNAPSHOTS} snapshots: read that many"
                     break
                 try:
+                    held = checksum_of(line)
+                    if held is False or (held is None and checked and complete):
+                        raise Damaged("its checksum does not match: the file was changed or damaged there")
+                    checked = checked or held is True
                     data = json.loads(line)
                     snapshots.append(decode(data))
                     stored = data.get("judged")
