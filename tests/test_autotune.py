@@ -628,8 +628,8 @@ def test_the_hook_reads_a_wrapped_loaders_settings_from_the_dataloader_inside():
 
     from loadertop.inside.hook import _config
 
-    inner = torch.utils.data.DataLoader(list(range(8)), batch_size=2, num_workers=3, prefetch_factor=4)
+    inner = torch.utils.data.DataLoader(list(range(8)), batch_size=2, num_workers=2, prefetch_factor=4)
     for wrapper in (PrefetchLoader(inner), WebLoader(inner)):
         config = _config(wrapper)
-        assert (config["num_workers"], config["prefetch_factor"], config["batch_size"]) == (3, 4, 2), config
+        assert (config["num_workers"], config["prefetch_factor"], config["batch_size"]) == (2, 4, 2), config
         assert config["dataset_class"] == "list"
