@@ -203,6 +203,11 @@ def _field(quote: str):
     return sub
 
 
+def _assigned(m: re.Match) -> str:
+    """(before, NAME, separator, value): the value hidden where NAME names a secret."""
+    return m.group(1) + m.group(2) + m.group(3) + (REDACTED if is_secret_name(m.group(2)) else m.group(4))
+
+
 def _scrub(arg: str) -> str:
     """Secrets inside one argument: key blocks, assignments, JSON and dict fields, headers,
     credentials, webhooks, shapes."""
@@ -212,10 +217,8 @@ def _scrub(arg: str) -> str:
     arg = _WEBHOOK.sub(lambda m: (m.group(1) or m.group(2)) + REDACTED, arg)
     arg = _HEADER.sub(lambda m: m.group(1) + REDACTED, arg)
     arg = _AUTH_SCHEME.sub(lambda m: m.group(1) + m.group(2) + REDACTED, arg)
-    arg = _ASSIGN.sub(lambda m: m.group(1) + m.group(2) + m.group(3) + (REDACTED if is_secret_name(m.group(2))
-                                                                         else m.group(4)), arg)
-    arg = _ENV_PAIR.sub(lambda m: m.group(1) + m.group(2) + m.group(3) + (REDACTED if is_secret_name(m.group(2))
-                                                                          else m.group(4)), arg)
+    arg = _ASSIGN.sub(_assigned, arg)
+    arg = _ENV_PAIR.sub(_assigned, arg)
     arg = _JSON_FIELD.sub(_field('"'), arg)
     arg = _DICT_FIELD.sub(_field("'"), arg)
     return _TOKEN_SHAPES.sub(REDACTED, arg)

@@ -1,6 +1,6 @@
-"""How wrappers keep the DataLoader they wrap, read on both sides of loadertop: in the trainer (the
-hook's loader settings, the in-place tuner's) and nowhere else. Standard library only, and torch
-is never imported: a loader is known by its settings.
+"""How wrappers keep the DataLoader they wrap, read in the trainer by the hook (the loader's
+settings it reports) and by the in-place tuner (the settings it changes). Standard library only,
+and torch is never imported: a loader is known by its settings.
 
 Accelerate's DataLoaderShard keeps it in `base_dataloader` (a DataLoader itself, whose settings
 are not the ones that build its iterators); timm's PrefetchLoader in `loader`, others in

@@ -216,11 +216,11 @@ class WebLoader:
 @pytest.mark.parametrize("wrap", [PrefetchLoader, WebLoader], ids=["timm PrefetchLoader", "webdataset WebLoader"])
 def test_a_wrapped_loader_is_tuned_through_its_wrapper(quiet_host, wrap):
     # Issue 45: "tuning off: PrefetchLoader has no num_workers: not a torch DataLoader".
-    from loadertop.autotune import loader as L
+    from loadertop.wrapped import innermost
 
     inner = Loader(workers=1)
     wrapper = wrap(inner)
-    assert L.innermost(wrapper) is inner and L.innermost(inner) is inner
+    assert innermost(wrapper) is inner and innermost(inner) is inner
     t, _ = make_tuner()
     clock = [0]
     t.clock = lambda: clock[0]
@@ -238,12 +238,13 @@ def test_a_wrapped_loader_is_tuned_through_its_wrapper(quiet_host, wrap):
 
 def test_a_wrapper_whose_inside_is_no_loader_is_not_taken_for_one():
     from loadertop.autotune import loader as L
+    from loadertop.wrapped import innermost
 
     class Odd:
         def __init__(self) -> None:
             self.loader = object()  # a name, not a DataLoader
     odd = Odd()
-    assert L.innermost(odd) is odd and "has no num_workers" in L.why_not_tunable(odd, False)
+    assert innermost(odd) is odd and "has no num_workers" in L.why_not_tunable(odd, False)
 
 
 def test_an_error_inside_the_tuner_turns_it_off_with_one_warning_and_keeps_the_good_setting():

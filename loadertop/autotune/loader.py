@@ -36,7 +36,6 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 from ..model import Knobs
-from ..wrapped import innermost, looks_like_a_loader  # noqa: F401 (the tuner's names for them)
 from .threads import WorkerThreads, set_main_threads, user_worker_init
 
 

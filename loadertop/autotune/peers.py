@@ -329,8 +329,10 @@ class FileBoard:
     def _remove_ended(self, job_prefix: str) -> None:
         """Entries of this job's earlier launches whose launcher has ended."""
         for name in os.listdir(self.folder):
+            if not name.startswith(job_prefix):
+                continue
             launch = name[len(job_prefix):].split("-r", 1)[0]
-            if not name.startswith(job_prefix) or launch == self.launch or "." not in launch:
+            if launch == self.launch or "." not in launch:
                 continue
             pid = launch.split(".", 1)[0]
             if pid.isdigit() and launch_of(int(pid)) != launch:

@@ -33,6 +33,7 @@ from ..rules import thresholds as T
 from ..rules.ranks import waits_for
 from ..rules.thresholds import RANK_GAP
 from ..vocabulary import TunePhase
+from ..wrapped import innermost
 from . import loader as L
 from . import peers as R
 from . import readings as M
@@ -144,7 +145,7 @@ class Tuner:
             self._go_back(loader)
             return
         with self._timed(), self._guarded():
-            inner = L.innermost(loader)
+            inner = innermost(loader)
             if self.explorer is None:
                 why = L.why_not_tunable(inner, self.shards_by_worker)
                 if why is not None:
@@ -190,7 +191,7 @@ class Tuner:
         /dev/shm): start it at the setting that ran, from the same RNG draws, and turn the
         tuner off. Re-raises where the tuner changed nothing or that start fails too: the
         loop is never handed an iterator that is shut down."""
-        inner = L.innermost(loader)
+        inner = innermost(loader)
         ran, tried = self.ran, self._knobs(inner)
         if ran is None or L.same_workers(ran, tried):
             raise error
@@ -618,7 +619,7 @@ class Tuner:
         if target is None:
             return
         try:
-            inner = L.innermost(loader)
+            inner = innermost(loader)
             seed = L.base_seed(inner)
             self.ran, self.rng = self._knobs(inner), L.rng_states(inner)
             if L.apply(inner, target):
@@ -714,14 +715,14 @@ class Tuner:
     def _running(self) -> Knobs | None:
         """The setting the loader has now (its next iterator's, at a boundary)."""
         try:
-            return self._knobs(L.innermost(self.loader)) if self.loader is not None else None
+            return self._knobs(innermost(self.loader)) if self.loader is not None else None
         except Exception:
             return None
 
     def _workers(self, loader, iterator) -> list[int]:
         """The workers of the loader being tuned: its iterator's, else this process's
         DataLoader workers (a framework built the iterator out of our sight)."""
-        inner = L.innermost(loader) if loader is not None else None
+        inner = innermost(loader) if loader is not None else None
         pids = self.workers_of(iterator) or self.workers_of(getattr(inner, "_iterator", None))
         if pids or not getattr(inner, "num_workers", 0):
             return pids

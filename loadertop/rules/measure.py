@@ -203,9 +203,10 @@ def cpu_budget(snap: Snapshot, trainer: TrainerSnapshot, window: Sequence[Traine
     cpu_set = trainer.cpu_set
     size = len(cpu_set) or trainer.usable_cpus or snap.host.usable_cpus or snap.host.cpu_count
     quota = trainer.cpu_quota
-    used_ticks = [sum((p.cpu_percent or 0.0) for p in (t.main, *t.workers)) / 100.0 for t in window
-                  if all(p.cpu_percent is not None for p in (t.main, *t.workers))]
-    used = fmean(used_ticks) if used_ticks else None
+    # Each tick where every process's CPU was read: the tick, and what the trainer used in it.
+    read = [(t, sum((p.cpu_percent or 0.0) for p in (t.main, *t.workers)) / 100.0) for t in window
+            if all(p.cpu_percent is not None for p in (t.main, *t.workers))]
+    used = fmean(u for _, u in read) if read else None
     # Other DataLoader trainers on these CPUs: the ones watched, and the host scan's others.
     others: dict[int, tuple[tuple[int, ...], float | None]] = {}
     for pid, history in others_window.items():
@@ -222,9 +223,7 @@ def cpu_budget(snap: Snapshot, trainer: TrainerSnapshot, window: Sequence[Traine
     others_busy = max(0.0, busy - (used or 0.0) - others_use) if busy is not None else 0.0
     # Tick by tick, what others kept busy: a load that comes and goes (a compile, another
     # snapshot, a test's last job going down) spreads it, and one window of it is not a busy host.
-    others_ticks = [t.cpus_busy - sum((p.cpu_percent or 0.0) for p in (t.main, *t.workers)) / 100.0 - others_use
-                    for t in window if t.cpus_busy is not None
-                    and all(p.cpu_percent is not None for p in (t.main, *t.workers))]
+    others_ticks = [t.cpus_busy - u - others_use for t, u in read if t.cpus_busy is not None]
     error = stdev(others_ticks) / math.sqrt(len(others_ticks)) if len(others_ticks) >= 3 else 0.0
     throttled = mean_of(t.throttled_fraction for t in window)
     room = size - others_busy

@@ -74,10 +74,11 @@ class LiveSource:
 
 class ScriptedSource:
     """Plays prepared snapshots (tests, recordings), one per `next()`; None at the end.
-    `seek` moves to any snapshot: the diagnosis is folded again up to there.
+    `seek` moves to any snapshot, and the judgement there.
 
     `judged`: each snapshot's judgement as a recording stored it (outputs/judgement.py): a
-    replay shows what was judged then; a tick with none is judged here, by the folded diagnosis."""
+    replay shows what was judged then; a tick with none is judged here, by the diagnosis folded
+    up to it (only then: a recording that stores every tick's is never judged again)."""
 
     live = False
     lockstep = True  # every snapshot reaches the screen: none is dropped
@@ -89,12 +90,21 @@ class ScriptedSource:
         self.position = 0
         self.interval_s = interval_s
         self.diagnoser = Diagnoser()
+        self._fed = 0  # the diagnoser has been fed snapshots[:_fed]
         self._lock = threading.Lock()
 
     def _said(self, index: int) -> Diagnosis:
         from ..outputs import judgement
 
-        return judgement.at(self.judged, index) or self.diagnoser.diagnosis
+        stored = judgement.at(self.judged, index)
+        if stored is not None:
+            return stored
+        if self._fed > index + 1:  # back in time: fold again from the start
+            self.diagnoser, self._fed = Diagnoser(), 0
+        for snap in self.snapshots[self._fed: index + 1]:
+            self.diagnoser.feed(snap)
+        self._fed = max(self._fed, index + 1)
+        return self.diagnoser.diagnosis
 
     def next(self) -> tuple[Snapshot, Diagnosis] | None:
         with self._lock:
@@ -102,16 +112,12 @@ class ScriptedSource:
                 return None
             snap = self.snapshots[self.position]
             self.position += 1
-            self.diagnoser.feed(snap)
             return snap, self._said(self.position - 1)
 
     def seek(self, position: int) -> tuple[list[Snapshot], Diagnosis]:
         """Go to snapshot `position`; returns the snapshots up to it and the judgement there."""
         with self._lock:
             self.position = max(1, min(len(self.snapshots), position))
-            self.diagnoser = Diagnoser()
-            for snap in self.snapshots[: self.position]:
-                self.diagnoser.feed(snap)
             return self.snapshots[: self.position], self._said(self.position - 1)
 
     def close(self) -> None:
