@@ -440,3 +440,16 @@ def test_in_the_suite_a_rule_that_raises_fails_the_test(monkeypatch):
     monkeypatch.setitem(RULES, "input_bound", _raising)
     with pytest.raises(KeyError):
         diagnosed(story(5, lambda t: snapshot(t, [trainer(wait=0.6)], host())))
+
+
+def test_one_workers_figures_are_said_of_the_worker_not_each():
+    # A user read "the workers compute (92% CPU each ...)" of a job with one worker.
+    from synth import host, snapshot, story, trainer
+
+    from loadertop.rules import diagnosed
+
+    for n, said, not_said in ((1, "the worker computes (", "CPU each"), (2, "the workers compute (", "the worker ")):
+        h = story(30, lambda t, n=n: snapshot(t, [trainer(workers=n, worker_cpu=97.0, wait=0.8, usable=n, cpu_set=tuple(range(n)))],
+                                               host(cpu_count=n, cpu=97.0)))
+        text = " ".join(f.suggestion for f in diagnosed(h).diagnosis.findings if f.id == "input_bound")
+        assert said in text and not_said not in text, text

@@ -102,20 +102,28 @@ def _why(ctx: Context) -> str:
         return ""
     cpu = f"{100 * lw.cpu:.0f}%" if lw.cpu is not None else "n/a"
     doing = f" in {lw.doing}" if lw.doing else ""
+    # One worker is "the worker", and its figures are not "each" (counts agree in number).
+    one = lw.num_workers == 1
+    they, each = ("the worker", "") if one else ("the workers", " each")
+
+    def verb(plural: str, singular: str) -> str:
+        return singular if one else plural
+
     if plan.cause == P.LOADER_CPU:
-        return f"the workers compute ({cpu} CPU each{doing})"
+        return f"{they} {verb('compute', 'computes')} ({cpu} CPU{each}{doing})"
     if plan.cause == P.LOADER_IO:
-        read = f", reading {lw.read_bytes_per_s / 2**20:.1f} MiB/s each" if lw.read_bytes_per_s else ""
-        return f"the workers mostly wait on I/O ({cpu} CPU each{read}{doing})"
+        read = f", reading {lw.read_bytes_per_s / 2**20:.1f} MiB/s{each}" if lw.read_bytes_per_s else ""
+        return f"{they} mostly {verb('wait', 'waits')} on I/O ({cpu} CPU{each}{read}{doing})"
     if plan.cause == P.QUOTA:
-        return f"the workers get {cpu} CPU each: the trainer's CPU quota throttles them"
+        return f"{they} {verb('get', 'gets')} {cpu} CPU{each}: the trainer's CPU quota throttles {verb('them', 'it')}"
     if plan.cause == P.BUSY_HOST:
-        return f"the workers get {cpu} CPU each: other processes take the CPUs"
+        return f"{they} {verb('get', 'gets')} {cpu} CPU{each}: other processes take the CPUs"
     if plan.cause == P.THREADS:
-        return f"the workers run thread pools ({lw.busy_threads or 0:.1f} busy threads each) on too few CPUs"
+        busy = f"{lw.busy_threads or 0:.1f} busy threads{each}"
+        return f"{they} {verb('run', 'runs')} thread pools ({busy}) on too few CPUs"
     if plan.cause == P.TOO_MANY_WORKERS:
-        return f"the workers ({cpu} CPU each) and the loop keep the trainer's CPUs busy"
-    return f"the workers are busy ({cpu} CPU each{doing})"
+        return f"{they} ({cpu} CPU{each}) and the loop keep the trainer's CPUs busy"
+    return f"{they} {verb('are', 'is')} busy ({cpu} CPU{each}{doing})"
 
 
 def _what_takes_the_cpus(ctx: Context) -> str:
