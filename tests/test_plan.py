@@ -583,3 +583,14 @@ def test_the_change_is_said_in_the_flag_its_user_types(args, says):
     assert says in plan.sentence(), plan.sentence()
     assert ("on the command line" in plan.sentence()) == (not says.startswith("DataLoader"))
     assert changes(findings)["DataLoader"]["num_workers"] in (2, 3)  # the report's change: unchanged
+
+
+def test_the_reports_opening_line_says_the_change_in_the_flag_as_the_header_does():
+    from loadertop.outputs.report import build_report
+    from loadertop.outputs.report_md import plan_line
+
+    h = story(30, lambda t: snapshot(t, [trainer(workers=1, worker_cpu=95.0, wait=0.77, usable=2, cpu_set=(0, 1),
+                                                 cpus_busy=1.25, main=process(TRAINER, 27.0),
+                                                 cmdline=("python", "train.py", "--workers", "1"))], host(2, cpu=62.0)))
+    line = plan_line(build_report(h)["trainers"][0])
+    assert "--workers 1 -> " in line and "on the command line" in line and "DataLoader(num_workers" not in line, line

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 
 from ..fields import REPORT_COLUMNS, WORKER_FIELD, human_bytes, human_percent, row, worker_label
+from ..rules.loops import loader_call
 from .report import verdict_of_report
 
 
@@ -47,9 +48,18 @@ def plan_line(t: dict) -> str:
     if not change:
         return "No setting to change."
     parts = []
+    flag = plan.get("worker_flag")
     for section, values in change.items():
-        if isinstance(values, dict):
-            parts.append(f"{section}({', '.join(f'{k}={v}' for k, v in values.items())})")
+        if not isinstance(values, dict):
+            continue
+        if section == "DataLoader" and flag and "num_workers" in values:
+            # Said as the header says it: in the flag that set the count (rules/loops.py).
+            now = (plan.get("current") or {}).get("num_workers")
+            args = [f"num_workers={now} -> {values['num_workers']}",
+                    *(f"{k}={v}" for k, v in values.items() if k != "num_workers")]
+            parts.append(loader_call(None, args, None, str(flag)))
+            continue
+        parts.append(f"{section}({', '.join(f'{k}={v}' for k, v in values.items())})")
     gain = plan.get("predicted_gain")
     effect = f": predicted {gain:+.0%} steps/s" if gain is not None else ""
     loader = f" for {code(change['dataset'])}" if change.get("dataset") else ""

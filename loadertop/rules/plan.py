@@ -197,6 +197,8 @@ class Plan:
             "with_more_cpus": None if self.bigger_budget is None else
             {"cpus": self.bigger_budget[0], "predicted_gain": round(self.bigger_budget[1], 4)},
             "evidence": self.evidence,
+            # The command-line flag that set the worker count: the change is said in its words.
+            "worker_flag": self.worker_flag,
         }
 
 
