@@ -20,7 +20,8 @@ def test_a_recording_of_a_job_that_ends_gets_its_summary_beside_it(job, tmp_path
     assert r.returncode == 0, r.stderr  # it stopped by itself: the job ended
     written = (tmp_path / "run.summary.md").read_text()
     assert "the job ended" in written and "Last verdict: **INPUT-BOUND" in written, written
-    assert "steps/s" in written and "±" in written and "num_workers" in written, written
+    # The change, in the flag that set the job's worker count (`--workers 1`), as the header says it.
+    assert "steps/s" in written and "±" in written and "Change `--workers 1 -> " in written, written
     assert f"loadertop diff {rec} AFTER.ltrec" in written
     assert "Last verdict" in r.stderr and "summary written to" in r.stderr
 
