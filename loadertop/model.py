@@ -118,7 +118,7 @@ class ProcessSample:
     thread_pools: tuple[str, ...] = ()  # compute pools its libraries run (OpenMP, MKL, OpenBLAS, OpenCV)
     read_bytes_per_s: float | None = None  # everything it reads (files, sockets, pipes), slow cadence
     found_by: FoundBy | None = None  # a worker: how it was recognised (probes.discovery)
-    # A trainer's main thread alone (the training loop's), every tick since the one before: its
+    # Its main thread alone (a trainer's: the training loop's), every tick since the one before: its
     # share of a core on the CPU, and seconds per second it sat runnable without one. What is
     # left of its time it was blocked: in next(), in a collective, a device sync, a sleep.
     main_thread_cpu: float | None = None

@@ -301,7 +301,9 @@ class Sampler:
         worker_stats = sorted(
             (tree.stats[w] for w in tree.workers.get(pid, ())), key=lambda s: (s.start_ticks, s.pid)
         )
-        workers = {key_of(w): self.processes.sample(w, now, found_by=tree.found_by.get(w.pid))
+        # Each worker's main thread every tick too: its queueing for a CPU is the busy host's sign
+        # (rules.measure.queued_s_per_s), and the slow cadence reads it too seldom live.
+        workers = {key_of(w): self.processes.sample(w, now, main_thread=True, found_by=tree.found_by.get(w.pid))
                    for w in worker_stats if w.state != "Z"}
         zombies = {key_of(w): w.exit_code for w in worker_stats if w.state == "Z"}
         live.update(workers)

@@ -160,6 +160,22 @@ def test_busy_host_starved_workers_get_no_more():
     assert verdict(make(29).trainers[0], findings)[0] == "BUSY HOST"
 
 
+
+def test_a_host_that_gets_busy_after_the_slow_reading_is_seen_at_the_next_tick():
+    # Issue 41: the live view reads every thread of a worker about once a minute; a snapshot
+    # every 3 s. Beside a CPU hog that came after that reading, the stale 0.0 said INPUT-BOUND
+    # live while snapshots said BUSY HOST. Each worker's main thread is read every tick.
+    def make(stale, fresh):
+        def at(t):
+            tr = trainer(workers=2, worker_cpu=40.0, wait=0.6, usable=2, cpu_set=(0, 1), cpus_busy=2.0,
+                         main=process(TRAINER, 10.0))
+            return snapshot(t, [busy(tr, stale, main_thread_runqueue_s_per_s=fresh, busy_threads=1)], host(2, cpu=100.0))
+        return at
+
+    assert plan_of(story(30, make(0.0, 0.5)))[1].cause == "busy_host"
+    assert plan_of(story(30, make(0.0, None)))[1].cause != "busy_host"  # nothing fresher: the slow reading
+    assert plan_of(story(30, make(0.5, 0.0)))[1].cause != "busy_host"  # the fresh reading wins
+
 def test_stopped_workers_are_a_hang_within_ten_seconds():
     # Issue item 4: SIGSTOPped workers, one 10 s py-spy window at ~100% wait.
     def make(t):

@@ -50,6 +50,8 @@ def test_workers_found_for_each_start_method(job, context):
     for w in trainer["workers"]:
         assert w["rss_bytes"] > 0 and w["threads"] >= 1
         assert w["cpu_percent"] is not None and w["uss_bytes"] is not None
+        # read every tick (each worker's main thread), not only on the slow cadence
+        assert w["runqueue_wait_s_per_s"] is not None
 
 
 def test_iterable_dataset_and_validation_loader_both_counted(job):

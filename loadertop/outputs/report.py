@@ -22,6 +22,7 @@ from ..notices import NoticeBoard
 from ..numbers import mean_of
 from ..rules import diagnosed
 from ..rules.diagnosis import Diagnosis
+from ..rules.measure import queued_s_per_s
 from ..rules.plan import Plan
 from ..rules.ranks import Attribution
 from ..rules.verdict import undecided, word_of
@@ -60,7 +61,8 @@ def _process(p: ProcessSample, window: Sequence[ProcessSample]) -> dict:
         "busy_threads": p.busy_threads,
         "ctx_switches_voluntary_per_s": _mean(w.ctx_switches_voluntary_per_s for w in window),
         "ctx_switches_involuntary_per_s": _mean(w.ctx_switches_involuntary_per_s for w in window),
-        "runqueue_wait_s_per_s": p.runqueue_wait_s_per_s,
+        # What the rules read: fresh each tick (rules.measure.queued_s_per_s), over the window.
+        "runqueue_wait_s_per_s": _mean(queued_s_per_s(w) for w in window),
         "doing": p.doing,
         "doing_at": iso(p.doing_at),
         "thread_pools": list(p.thread_pools),

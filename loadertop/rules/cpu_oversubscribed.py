@@ -8,6 +8,7 @@ from . import evidence as E
 from . import plan as P
 from . import thresholds as T
 from .base import CRITICAL, FINE, UNKNOWN, WARNING, Check, Context
+from .measure import queued_s_per_s
 
 ID = "cpu_oversubscribed"
 NAMED = 3  # the busiest processes a reason names
@@ -15,7 +16,7 @@ NAMED = 3  # the busiest processes a reason names
 
 def check(ctx: Context) -> Check:
     t = ctx.trainer
-    read = [p.runqueue_wait_s_per_s for p in (t.main, *t.workers)]
+    read = [queued_s_per_s(p) for p in (t.main, *t.workers)]
     waits = [w for w in read if w is not None]
     if len(waits) < len(read):
         return UNKNOWN

@@ -140,12 +140,23 @@ def loader_groups(trainer: TrainerSnapshot) -> list[tuple[LoaderConfig | None, t
     return [(config, tuple(members)) for config, members in groups]
 
 
+def queued_s_per_s(p: ProcessSample) -> float | None:
+    """Seconds per second a process's threads sit runnable without a CPU, fresh every tick: its
+    main thread's own queueing (read each tick) for each of its busy threads. The slow cadence
+    reads every thread, but in the live view a minute apart, so a host that got busy after that
+    reading went unseen: beside a CPU hog a snapshot (threads read every 3 s) said BUSY HOST and
+    the live view of the same job INPUT-BOUND. The slow reading stands in before a tick's."""
+    if p.main_thread_runqueue_s_per_s is None:
+        return p.runqueue_wait_s_per_s
+    return p.main_thread_runqueue_s_per_s * max(1, p.busy_threads or 1)
+
+
 def _loader_window(config: LoaderConfig | None, members: tuple[ProcessSample, ...],
                    window: Sequence[TrainerSnapshot], now: float) -> LoaderWindow:
     pids = {w.pid for w in members}
     samples = [w for t in window for w in t.workers if w.pid in pids]
     cpu = mean_of(w.cpu_percent / 100.0 if w.cpu_percent is not None else None for w in samples)
-    runqueue = mean_of(w.runqueue_wait_s_per_s for w in samples)
+    runqueue = mean_of(queued_s_per_s(w) for w in samples)
     busy = mean_of(w.busy_threads for w in samples)
     blocked = sum(1 for w in samples if w.status == "disk-sleep") / max(1, len(samples))
     running = sum(1 for w in samples if w.status == "running") / max(1, len(samples))
@@ -313,7 +324,7 @@ def measure(snap: Snapshot, trainer: TrainerSnapshot, window: Sequence[TrainerSn
         iterable=(dw.iterable if dw else None) or (active.iterable if active else None),
         loop=dw.loop if dw else None,
         main_cpu=median(main_cpu) if main_cpu else None,
-        main_runqueue=mean_of(t.main.runqueue_wait_s_per_s for t in window) or 0.0,
+        main_runqueue=mean_of(queued_s_per_s(t.main) for t in window) or 0.0,
         main_busy_threads=trainer.main.busy_threads or 1.0,
         loader=active,
         other_loaders=tuple(loaders[1:]),
