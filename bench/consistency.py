@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -56,15 +57,29 @@ HOG = "import sys\nn = int(sys.argv[1])\nwhile True:\n    x = 0\n    for i in ra
 
 
 class Hog:
-    """Two busy processes, each a fixed loop count per pass (never a spin to a deadline)."""
+    """Two busy processes, each a fixed loop count per pass (never a spin to a deadline).
+
+    Started detached (their parent a shell that exits at once): loadertop counts its own
+    children's CPU as its own load, not the host's, and the live view runs in this process. As
+    this process's children the hog was invisible to the live view (others 0.0 CPUs), which then
+    said INPUT-BOUND where a `loadertop snapshot` (another process) said BUSY HOST."""
 
     def __init__(self, n: int = 2) -> None:
-        self.procs = [subprocess.Popen([sys.executable, "-c", HOG, "1000000"]) for _ in range(n)]
+        self.pids = [detached([sys.executable, "-c", HOG, "1000000"]) for _ in range(n)]
 
     def close(self) -> None:
-        for p in self.procs:
-            p.kill()
-            p.wait()
+        for pid in self.pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def detached(cmd: list[str]) -> int:
+    """Start cmd with no parent here (a shell starts it in the background and exits): its pid."""
+    sh = subprocess.run(["sh", "-c", '"$@" >/dev/null 2>&1 </dev/null & echo $!', "sh", *cmd],
+                        capture_output=True, text=True, check=True)
+    return int(sh.stdout.strip())
 
 
 def classes(words: list[str]) -> int:
@@ -228,7 +243,7 @@ def run_case(case, busy: bool, args) -> dict:
             run.wait_ready()
             target = run.proc.pid if case.ranks else run.trainer_pids()[0]
             with tempfile.TemporaryDirectory() as d:
-                path = str(Path(d) / "live.ltrec")
+                path = str(Path(args.keep or d) / f"{case.name}-{'busy' if busy else 'quiet'}.ltrec")
                 watched = live(target, args, path)
                 seen = views(path)
             shots, changes = snapshots(target, args)
@@ -268,6 +283,7 @@ def main() -> int:
     p.add_argument("--cost", type=int, default=0, help="rounds of watched against unwatched (0: none)")
     p.add_argument("--cost-workers", type=int, default=0, help="workers for the cost runs (0: the case's own)")
     p.add_argument("--json", help="write the rows to this file")
+    p.add_argument("--keep", help="keep the live views' recordings in this folder")
     args = p.parse_args()
     args.work_per_ms = calibrate()
     chosen = [c for c in cases() if c.name in args.cases.split(",")]
