@@ -82,6 +82,16 @@ def detached(cmd: list[str]) -> int:
     return int(sh.stdout.strip())
 
 
+def first_trainer(run, timeout: float = 60.0) -> int:
+    """The trainer's pid, from its truth file (written a little after its first batch)."""
+    deadline = time.monotonic() + timeout
+    while not (pids := run.trainer_pids()):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the job wrote no truth file")
+        time.sleep(0.2)
+    return pids[0]
+
+
 def classes(words: list[str]) -> int:
     """How many times the verdict class changed along the list."""
     kinds = [kind_of(w) for w in words]
@@ -241,7 +251,7 @@ def run_case(case, busy: bool, args) -> dict:
         with Run(case, case.start, args.work_per_ms, args.snapshots * (args.snapshot + 15) + args.live + 120,
                  own_session=not args.same_session) as run:
             run.wait_ready()
-            target = run.proc.pid if case.ranks else run.trainer_pids()[0]
+            target = run.proc.pid if case.ranks else first_trainer(run)
             with tempfile.TemporaryDirectory() as d:
                 path = str(Path(args.keep or d) / f"{case.name}-{'busy' if busy else 'quiet'}.ltrec")
                 watched = live(target, args, path)

@@ -164,6 +164,10 @@ class _PerCpu:
     rules average over longer windows anyway."""
 
     PERIOD_S = 5.0
+    # The first period is short: until this reading the host's load is unknown, and a first
+    # verdict read without it (others 0.0 CPUs) said INPUT-BOUND of a job beside a CPU hog, held
+    # it, and differed from every snapshot's BUSY HOST.
+    FIRST_PERIOD_S = 1.0
 
     def __init__(self) -> None:
         self._prev: dict[int, tuple[int, int]] | None = None
@@ -173,7 +177,7 @@ class _PerCpu:
         self.own_cpus: float | None = None  # CPUs loadertop and its py-spy used over it
 
     def refresh(self, now: float, jobs: frozenset[int] = frozenset()) -> None:
-        if now - self._at < self.PERIOD_S:
+        if now - self._at < (self.PERIOD_S if self.busy else self.FIRST_PERIOD_S):
             return
         times = procfs.read_per_cpu_times()
         if not times:
