@@ -4,7 +4,8 @@ import signal
 import time
 
 import pytest
-from jobs import Job
+from support.jobs import Job
+from support.users import world_readable_loadertop  # noqa: F401 (a fixture, for every test)
 
 from loadertop.rules import RAISE_RULE_ERRORS
 
@@ -20,14 +21,19 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 
 def pytest_collection_modifyitems(items):
-    """Tiers by what a test needs. `slow`: it starts a real training job (the `job` fixture,
-    or a module or test marked slow: torchrun, a framework's fit, tune's trials, py-spy on a
-    live job) or a browser. Everything else is the quick loop, `pytest -m "not slow"`:
-    synthetic snapshots, the rules, the Pilot and screen snapshots, recordings, the CLI on
-    bad input. `unit`: synthetic data only, no process and no screen (`pytest -m unit`)."""
+    """Tiers by what a test needs (docs/TESTING.md):
+    - `live`: it starts a real training job (the `job` fixture, or a module or test marked
+      live: torchrun, a framework's fit, tune's trials, py-spy on a live job), a browser or
+      tmux. Run serially: its readings are the host's.
+    - `replay`: it reads the recorded scenarios (tests/data/scenarios, support/scenarios.py).
+    - `unit`: everything else: synthetic snapshots, the rules, the Pilot and screen snapshots,
+      recordings written by the test, the CLI on bad input.
+    unit and replay run in parallel (`pytest -m "not live" -n 2`), live after them alone."""
     for item in items:
         if "job" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.slow)
+            item.add_marker(pytest.mark.live)
+        if item.get_closest_marker("live") is None and item.get_closest_marker("replay") is None:
+            item.add_marker(pytest.mark.unit)
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ import re
 import statistics
 from pathlib import Path
 
-import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,8 +18,6 @@ from loadertop.autotune.peers import Entry, role_of
 from loadertop.model import Knobs
 from loadertop.rules import thresholds as T
 from loadertop.rules.ranks import RankFigures, attribute, stands_out
-
-pytestmark = pytest.mark.unit
 
 ALERTS = Path(__file__).resolve().parent.parent / "docs" / "prometheus" / "alerts.yml"
 waits = st.lists(st.floats(0.0, 0.95).map(lambda w: round(w, 3)), min_size=2, max_size=8)

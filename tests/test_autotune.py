@@ -14,8 +14,6 @@ from loadertop.autotune import tuner as TU
 from loadertop.autotune.policy import Explorer, Proposal, Stretch, chunk_rates, neighbours
 from loadertop.model import Decision, Knobs
 
-pytestmark = pytest.mark.unit
-
 ONE, TWO, FOUR = Knobs(1, 2), Knobs(2, 2), Knobs(4, 2)
 
 

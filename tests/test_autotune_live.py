@@ -1,4 +1,4 @@
-"""`watch(loader, tune=True)` on real DataLoaders with real workers (tests/tune_job.py): the
+"""`watch(loader, tune=True)` on real DataLoaders with real workers (tests/support/tune_job.py): the
 tuner changes the worker count, and the seeded loop sees exactly the batches it sees without
 it, across an epoch boundary (persistent workers or not) and, for torchdata's
 StatefulDataLoader, mid-epoch; the workers it replaces are gone and leave nothing in
@@ -14,19 +14,19 @@ import subprocess
 import sys
 
 import pytest
-from jobs import REPO
+from support.jobs import REPO
 
 from loadertop.started import can_unshare_shm
 
 # Real training jobs tuned in place.
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.live
 
 ENV = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
 FAST = ("--tune", "--stretch-s", "0.5")  # short stretches: a test of minutes, not of the defaults' pace
 
 
 def start(*args: str, wrapper: tuple[str, ...] = ()) -> subprocess.Popen:
-    return subprocess.Popen([*wrapper, sys.executable, str(REPO / "tests" / "tune_job.py"), *args], env=ENV,
+    return subprocess.Popen([*wrapper, sys.executable, str(REPO / "tests" / "support" / "tune_job.py"), *args], env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 

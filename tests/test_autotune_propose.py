@@ -5,16 +5,13 @@ and bench/ranks.py."""
 
 from __future__ import annotations
 
-import pytest
-from synth import TRAINER, host, process, replace, snapshot, story, trainer
+from support.synth import TRAINER, host, process, replace, snapshot, story, trainer
 
 from loadertop.autotune.policy import Stretch
 from loadertop.autotune.propose import propose
 from loadertop.model import Knobs
 from loadertop.rules import plan as P
 from loadertop.rules.measure import measure
-
-pytestmark = pytest.mark.unit
 
 
 def one_worker(wait: float, worker_cpu: float, cpus: int = 2) -> Stretch:

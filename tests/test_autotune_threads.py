@@ -9,7 +9,7 @@ import pickle
 
 import pytest
 import torch
-from synth import TRAINER, host, process, snapshot, story, trainer
+from support.synth import TRAINER, host, process, snapshot, story, trainer
 from torch.utils.data import DataLoader, Dataset
 
 from loadertop.autotune import loader as L

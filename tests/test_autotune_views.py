@@ -9,7 +9,8 @@ from dataclasses import replace
 
 import jsonschema
 import pytest
-from synth import TRAINER, host, snapshot, story, trainer
+from support.synth import TRAINER, host, snapshot, story, trainer
+from support.tune import FOUR, SETTLED, TRYING, TWO
 
 from loadertop.autotune.policy import Explorer
 from loadertop.autotune.tuner import Tuner
@@ -23,13 +24,6 @@ from loadertop.tui.app import LoadertopApp
 from loadertop.tui.source import ScriptedSource
 from loadertop.tui.widgets.panels import HeaderPanel
 
-TWO, FOUR = Knobs(2, 2), Knobs(4, 2)
-TRYING = TuneState("trying", FOUR, TWO, 3, 12.5, 0.004, "",
-                   (Decision("try", TWO, FOUR, reason="the model predicts +80% steps/s", epoch=3, batch=90, at=1e9),))
-SETTLED = TuneState("settled", FOUR, TWO, 6, 21.0, 0.01, "", (
-    *TRYING.decisions, Decision("keep", TWO, FOUR, 0.66, 0.05, epoch=5, batch=150, at=1e9 + 20),
-    Decision("settle", FOUR, FOUR, reason="num_workers=6 measured no faster", epoch=6, batch=180, at=1e9 + 30)))
-
 
 def tuned(tune: TuneState, wait: float = 0.62, workers: int = 2):
     def make(t):
@@ -39,7 +33,6 @@ def tuned(tune: TuneState, wait: float = 0.62, workers: int = 2):
     return story(20, make)
 
 
-@pytest.mark.unit
 def test_the_tuners_state_reaches_the_monitor_through_the_hook_file(tmp_path):
     pub = _Publisher("train", {"num_workers": 2, "dataset_class": "D"}, str(tmp_path))
     tuner = Tuner("train", pub.publish_tune, lambda: pub.config)
@@ -58,7 +51,6 @@ def test_the_tuners_state_reaches_the_monitor_through_the_hook_file(tmp_path):
     pub.close()
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("hostile", [
     {"state": "hacked"},
     {"state": "settled", "decisions": [{"action": "keep"}] * 65},
@@ -72,7 +64,6 @@ def test_a_tune_section_the_monitor_would_not_write_is_refused(hostile):
         parse_tune(hostile)
 
 
-@pytest.mark.unit
 def test_the_reports_carry_the_tuners_state_and_every_decision():
     snaps = tuned(SETTLED, wait=0.02)
     report = build_report(snaps)
@@ -89,7 +80,6 @@ def test_the_reports_carry_the_tuners_state_and_every_decision():
     assert "| 5 | `num_workers 2 -> 4, measured +66% steps/s (noise ±5%), kept` | +66% | ±5% |" in md
 
 
-@pytest.mark.unit
 def test_a_finding_says_tune_would_apply_its_change_or_that_the_tuner_measures_it():
     plain = story(20, lambda t: snapshot(t, [trainer(workers=2, worker_cpu=97.0, wait=0.62, usable=8)],
                                          host(cpu=40.0)))
@@ -123,7 +113,6 @@ def test_a_settled_tuners_measurement_of_a_count_wins_over_the_models_prediction
     assert any((f.change or {}).get("DataLoader", {}).get("num_workers") == n for f in findings)
 
 
-@pytest.mark.unit
 def test_the_exporter_serves_the_tuners_setting_state_and_decisions():
     from loadertop.outputs.export import Exporter, trainer_labels
 

@@ -8,16 +8,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from synth import TRAINER, data_wait, host, snapshot, story, trainer
+from support.synth import TRAINER, data_wait, host, snapshot, story, trainer
 
 from loadertop.model import Finding
 from loadertop.rules import Diagnoser, diagnosed
 from loadertop.rules.diagnosis import VERDICT_HOLD_S, Verdicts, kind_of, loader_seen
-
-pytestmark = pytest.mark.unit
 
 
 def finding(id_: str, severity: str = "critical", **evidence) -> Finding:

@@ -1,78 +1,16 @@
-"""`loadertop diff`: a real job recorded with 1 worker and then with 2 (the hook counts its
-steps), compared as recordings and as the reports made from them; two different programs
-refused; damaged and missing files in one line each."""
+"""`loadertop diff`: two different programs refused; damaged and missing files in one line each.
+A real job recorded with 1 worker and then with 2, compared, is in tests/test_scenarios.py."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from jobs import loadertop
-
-# Items of 10 ms of CPU work and 15 ms of waiting (a read), batches of 4 (100 ms a batch for
-# one worker), a 10 ms step: one worker starves the loop, two feed it about twice as fast and
-# still leave a CPU of the 2 free (all-CPU items made the gain depend on what else ran).
-JOB = ("--item-ms", "10", "--sleep-ms", "15", "--batch-size", "4", "--step-ms", "10", "--persistent", "--watch",
-       "--duration", "120")
+from support.jobs import loadertop
 
 
-def recorded(job, tmp_path, workers: int) -> tuple[str, str]:
-    """The job at `workers` recorded 10 s, and the JSON report made from that recording."""
-    j = job("--workers", str(workers), *JOB)
-    try:
-        j.wait_ready()
-        j.wait_workers(workers)
-        rec = str(tmp_path / f"w{workers}.ltrec")
-        r = loadertop("record", str(j.pid), "-o", rec, "--duration", "10", "--interval", "0.5", "--no-stacks")
-        assert r.returncode == 0, r.stderr
-    finally:
-        j.kill()
-    report = str(tmp_path / f"w{workers}.json")
-    r = loadertop("snapshot", "--from", rec, "-o", report)
-    assert r.returncode == 0, r.stderr
-    return rec, report
-
-
-def figures(diff: dict) -> dict[str, dict]:
-    (t,) = diff["trainers"]
-    return {f["name"]: f for f in t["figures"]}
-
-
-@pytest.mark.slow
-def test_one_worker_then_two_what_changed_and_what_it_did(job, tmp_path):
-    one_rec, one = recorded(job, tmp_path, 1)
-    two_rec, two = recorded(job, tmp_path, 2)
-    for before, after in ((one, two), (one_rec, two_rec)):
-        r = loadertop("diff", before, after, "--json")
-        assert r.returncode == 0, r.stderr
-        d = json.loads(r.stdout)
-        assert d["schema"] == "loadertop.diff/1"
-        (t,) = d["trainers"]
-        settings = {s["name"]: (s["before"], s["after"]) for s in t["settings"]}
-        assert settings["train: num_workers"] == (1, 2), settings  # the loader as watch() names it
-        steps = figures(d)["steps_per_s"]
-        # Twice the workers on 2 CPUs: far more steps, past the noise both runs measured.
-        assert steps["stderr_before"] is not None and steps["stderr_after"] is not None
-        assert steps["state"] == "better" and steps["change_fraction"] > 0.3, steps
-        assert figures(d)["workers_cpu_percent"]["state"] == "up"
-    # The text a person reads, and the files to share.
-    r = loadertop("diff", one, two)
-    assert r.returncode == 0 and "num_workers" in r.stdout and "1 -> 2" in r.stdout, r.stdout
-    assert "steps/s" in r.stdout and "better" in r.stdout
-    for ext in ("md", "html", "json"):
-        out = tmp_path / f"diff.{ext}"
-        r = loadertop("diff", one, two, "-o", str(out))
-        assert r.returncode == 0 and out.stat().st_size > 200, r.stderr
-    assert "| `train: num_workers` | `1` | `2` |" in (tmp_path / "diff.md").read_text()
-    # For CI: the change made it faster, so it passes; the other way round fails, in one line.
-    assert loadertop("diff", one, two, "--fail-if-slower", "10").returncode == 0
-    r = loadertop("diff", two, one, "--fail-if-slower", "10")
-    assert r.returncode == 1 and "steps/s fell" in r.stderr and "Traceback" not in r.stderr, r.stderr
-
-
-@pytest.mark.unit
 def test_two_different_programs_are_refused_in_one_line(tmp_path):
-    from synth import host, replace, snapshot, story, trainer
+    from support.synth import host, replace, snapshot, story, trainer
 
     from loadertop.outputs.report import build_report, to_json
 
@@ -91,9 +29,8 @@ def test_two_different_programs_are_refused_in_one_line(tmp_path):
     assert same.returncode == 0, same.stderr
 
 
-@pytest.mark.unit
 def test_damaged_missing_and_foreign_files_are_one_line_each(tmp_path):
-    from synth import host, snapshot, story, trainer
+    from support.synth import host, snapshot, story, trainer
 
     from loadertop.outputs.report import build_report, to_json
 
@@ -117,7 +54,6 @@ def test_damaged_missing_and_foreign_files_are_one_line_each(tmp_path):
     assert r.returncode == 2 and "needs steps/s" in r.stderr
 
 
-@pytest.mark.unit
 def test_each_figure_s_noise_comes_from_readings_that_do_not_overlap():
     from loadertop.outputs.figures import per_tick, windowed
 
@@ -134,14 +70,13 @@ def test_each_figure_s_noise_comes_from_readings_that_do_not_overlap():
     assert windowed(points[:1])["stderr"] is None
 
 
-@pytest.mark.unit
 def test_what_a_report_file_says_reaches_no_output_raw_and_wrong_types_are_one_line(tmp_path, capsys):
     # The fourth review (8, 9): diff printed a report's strings raw (the terminal, .md, .html and
     # its "not comparable" line), and a report with wrong types ended it in a traceback.
     import re
     import signal
 
-    from synth import host, snapshot, story, trainer
+    from support.synth import host, snapshot, story, trainer
 
     from loadertop import cli
     from loadertop.outputs.report import build_report

@@ -6,24 +6,10 @@ import signal
 import socket
 import subprocess
 import sys
-import urllib.request
 
 import pytest
-from jobs import REPO, loadertop, wait_for
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def scrape(port: int) -> str:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
-            return r.read().decode()
-    except OSError:
-        return ""
+from support.exporter import free_port, scrape
+from support.jobs import REPO, loadertop, wait_for
 
 
 def test_scrape_shows_the_job_and_its_workers(job):
@@ -78,7 +64,6 @@ class _Scripted:
         pass
 
 
-@pytest.mark.unit
 def test_the_metrics_document_is_the_table_the_exporter_serves():
     """docs/PROMETHEUS.md's table is generated from fields.py, and every family the exporter
     serves (tuned loader, finding, worker whose id is not read yet) is in it."""
@@ -86,8 +71,8 @@ def test_the_metrics_document_is_the_table_the_exporter_serves():
     from dataclasses import replace
     from pathlib import Path
 
-    from synth import host, snapshot, trainer
-    from test_autotune_views import SETTLED
+    from support.synth import host, snapshot, trainer
+    from support.tune import SETTLED
 
     from loadertop.fields import metrics_table
     from loadertop.outputs.export import Exporter
@@ -111,11 +96,10 @@ def test_the_metrics_document_is_the_table_the_exporter_serves():
     assert ids == {"", str(tr.workers[0].worker_id), "?1"}
 
 
-@pytest.mark.unit
 def test_a_worker_whose_id_is_not_read_yet_has_one_name_everywhere():
     from dataclasses import replace
 
-    from synth import host, snapshot, trainer
+    from support.synth import host, snapshot, trainer
 
     from loadertop.outputs.report import build_report
     from loadertop.outputs.report_html import worker_names
@@ -128,7 +112,6 @@ def test_a_worker_whose_id_is_not_read_yet_has_one_name_everywhere():
     assert worker_names([tr])[tr.workers[2].pid] == "w?2"
 
 
-@pytest.mark.unit
 def test_a_lone_surrogate_from_a_job_never_blanks_the_scrape(tmp_path):
     # A hook's dataset class "\ud800" made every scrape a UnicodeEncodeError, for every job served.
     import os
@@ -136,7 +119,7 @@ def test_a_lone_surrogate_from_a_job_never_blanks_the_scrape(tmp_path):
     from dataclasses import replace
 
     from prometheus_client import generate_latest
-    from synth import host, snapshot, trainer
+    from support.synth import host, snapshot, trainer
 
     from loadertop.hookfile import CONFIG_AT, HEADER, MAGIC, SIZE
     from loadertop.outputs.export import Exporter
@@ -154,7 +137,7 @@ def test_a_lone_surrogate_from_a_job_never_blanks_the_scrape(tmp_path):
 
     tr = trainer(workers=2, worker_cpu=97.0, wait=0.62, usable=8)
     # Past the reader too (a recording of an older version): the model shows it as an escape.
-    from test_autotune_views import SETTLED
+    from support.tune import SETTLED
 
     tr = replace(tr, loaders=(replace(tr.loaders[0], dataset_class="Evil\ud800", tune=SETTLED),))
     exporter = Exporter(_Scripted([snapshot(t, [tr], host()) for t in range(3)]))
@@ -164,13 +147,12 @@ def test_a_lone_surrogate_from_a_job_never_blanks_the_scrape(tmp_path):
     assert 'loader="Evil\\\\ud800"' in text and "loadertop_finding{" in text
 
 
-@pytest.mark.unit
 def test_two_tuned_loaders_of_one_dataset_class_are_two_series():
     from dataclasses import replace
 
     from prometheus_client import generate_latest
-    from synth import host, snapshot, trainer
-    from test_autotune_views import SETTLED
+    from support.synth import host, snapshot, trainer
+    from support.tune import SETTLED
 
     from loadertop.outputs.export import Exporter
 
@@ -185,7 +167,7 @@ def test_two_tuned_loaders_of_one_dataset_class_are_two_series():
     assert len(lines) == 2 and {'loader="train"' in line for line in lines} == {True, False}
 
 
-@pytest.mark.slow
+@pytest.mark.live
 def test_the_node_agent_picks_up_a_job_that_starts_after_it_and_drops_one_that_ends(job):
     # `loadertop export --all`: no PIDs. A job started after the agent shows within a few
     # intervals; once it ends, its series are gone (never left as values that look live).

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from synth import host, snapshot, story, trainer
+from support.synth import host, snapshot, story, trainer
 
 from loadertop.rules import Diagnoser
 from loadertop.rules.verdict import first_answer
@@ -17,7 +17,6 @@ STARVED = ("--workers", "1", "--item-ms", "25", "--batch-size", "8", "--step-ms"
            "--duration", "120")
 
 
-@pytest.mark.unit
 def test_a_condition_not_held_yet_is_a_provisional_verdict_then_the_verdict():
     d = Diagnoser()
     history = story(12, lambda t: snapshot(t, [trainer(workers=1, wait=0.8)], host(cpu=40.0)))
@@ -35,9 +34,9 @@ def test_a_condition_not_held_yet_is_a_provisional_verdict_then_the_verdict():
     assert first_answer(history[0].trainers[0], [], []) == ("DATA WAIT 80%", "yellow", False)
 
 
-@pytest.mark.slow
+@pytest.mark.live
 async def test_the_live_view_names_a_starved_job_within_5_s_then_confirms_it(job):
-    from test_tui import text_of, wait_until
+    from support.tui import text_of, wait_until
 
     from loadertop.tui.app import LoadertopApp
     from loadertop.tui.source import LiveSource
@@ -64,9 +63,9 @@ async def test_the_live_view_names_a_starved_job_within_5_s_then_confirms_it(job
         assert any(f.id == "input_bound" for f in app.findings)
 
 
-@pytest.mark.slow
+@pytest.mark.live
 def test_a_five_second_snapshot_names_the_problem(job):
-    from test_diagnosis_live import report
+    from support.reports import report
 
     j = job(*STARVED)
     j.wait_ready()

@@ -13,9 +13,9 @@ import subprocess
 import sys
 
 import pytest
-from jobs import REPO, loadertop, wait_for
-from test_export import free_port, scrape
-from test_ranks_live import COMMON, JOBS, TORCHRUN
+from support.exporter import free_port, scrape
+from support.jobs import REPO, loadertop, wait_for
+from support.ranks import COMMON, JOBS, TORCHRUN
 
 PROMETHEUS = shutil.which("prometheus")
 
@@ -24,7 +24,7 @@ def fleet(url: str, *args: str) -> subprocess.CompletedProcess:
     return loadertop("fleet", "--prometheus", url, *args, timeout=60)
 
 
-@pytest.mark.slow
+@pytest.mark.live
 @pytest.mark.skipif(PROMETHEUS is None, reason="needs Debian's prometheus (apt-get install prometheus)")
 def test_the_fleet_names_the_rank_and_node_the_job_waits_for(job, tmp_path):
     j = job(*COMMON, *JOBS["slow-loader"], cmd=[TORCHRUN, "--standalone", "--nproc_per_node=2"],
@@ -202,14 +202,14 @@ def _can_unshare_pid() -> bool:
         ["unshare", "-p", "-f", "-u", "--mount-proc", "true"], capture_output=True).returncode == 0
 
 
-@pytest.mark.slow
+@pytest.mark.live
 @pytest.mark.skipif(PROMETHEUS is None, reason="needs Debian's prometheus (apt-get install prometheus)")
 def test_two_nodes_one_job_the_fleet_names_the_node_and_rank_it_waits_for(tmp_path):
     # Two namespaces with their own hostname and processes, one 2-node torchrun job across them
     # (rank 1, on node-b, reads a slow shard), an agent on each, prometheus scraping both.
     if not _can_unshare_pid():
         pytest.skip("needs root and unshare of PID and UTS namespaces")
-    from jobs import stop_job
+    from support.jobs import stop_job
 
     master, a_port, b_port, prom_port = free_port(), free_port(), free_port(), free_port()
     nodes = [_node("node-a", 0, master, a_port), _node("node-b", 1, master, b_port)]
@@ -295,7 +295,6 @@ async def test_the_fleet_view_lists_the_jobs_and_the_selected_jobs_ranks_and_kee
         assert table.row_count == 1 and "n/a: cannot reach" in str(app.query_one("#status").render())
 
 
-@pytest.mark.unit
 def test_the_fleet_weighs_a_ranks_gap_against_the_noise_its_agent_exported():
     # Two balanced ranks whose blocked shares differ by 18 points, each within an exported
     # standard error of 7: no straggler. The same gap read exactly names rank 1's step.

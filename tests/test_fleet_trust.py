@@ -10,12 +10,10 @@ import json
 import re
 
 import pytest
-from fake_prometheus import series, serving
+from support.fake_prometheus import series, serving
 
 from loadertop.outputs import fleet as F
 from loadertop.probes.prometheus import Prometheus
-
-pytestmark = pytest.mark.unit
 
 NOW = 1_800_000_000.0
 EVIL = "\x1b]0;owned\x07\x1b]52;c;ZXZpbA==\x07\x1b[2J\u202e`x`\n## OK nothing to fix\n<img src=x onerror=alert(1)>"

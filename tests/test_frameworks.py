@@ -1,6 +1,6 @@
 """The loops people train with: torchdata's StatefulDataLoader, Lightning's fit, an
 Accelerate-prepared loader and the Hugging Face Trainer, each run twice: with no code
-change, and with the framework's loadertop form (tests/framework_job.py), all side by side. Workers are found, data wait matches
+change, and with the framework's loadertop form (tests/support/framework_job.py), all side by side. Workers are found, data wait matches
 the loop's own figure, the starved loop is flagged, and nothing is left when the job ends."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import os
 import sys
 
 import pytest
-from jobs import REPO, loadertop, wait_for
+from support.jobs import REPO, loadertop, wait_for
 
 # Real Lightning, Accelerate and Hugging Face fits.
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.live
 
 # Each item sleeps 20 ms (a slow disk), a batch of 4 on one worker takes ~80 ms against a
 # 20 ms step: the loop waits ~75%, and the CPUs stay free enough for all the jobs at once.
@@ -50,7 +50,7 @@ def test_each_framework_loop_is_found_measured_and_flagged(job, tmp_path, framew
         pytest.skip(f"needs {', '.join(missing)} (the test extras)")
     stop = tmp_path / "stop"
     jobs = {(framework, hook): job("--framework", framework, *(["--hook"] if hook else []), *FLAGS,
-                                   "--stop", str(stop), module="framework_job", env=ENV)
+                                   "--stop", str(stop), module="support.framework_job", env=ENV)
             for framework in frameworks for hook in (False, True)}
     for j in jobs.values():
         j.wait_ready(timeout=120)
@@ -96,7 +96,7 @@ def test_a_rank_waiting_for_accelerates_dispatch_is_sent_to_rank_0(job):
     # the hook and py-spy each have to see the dispatch.
     if importlib.util.find_spec("accelerate") is None:
         pytest.skip("needs accelerate (the test extras)")
-    j = job("--framework", "accelerate", "--dispatch", "--hook-rank", "1", *FLAGS, module="framework_job", env=ENV,
+    j = job("--framework", "accelerate", "--dispatch", "--hook-rank", "1", *FLAGS, module="support.framework_job", env=ENV,
             cmd=[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"])
     j.wait_ready(timeout=120, suffix=".0")
     j.wait_ready(timeout=60, suffix=".1")
@@ -131,7 +131,7 @@ def test_each_framework_tunes_its_loader_in_place_and_ends_on_the_faster_setting
     stop = tmp_path / "stop"
     jobs = {f: job("--framework", f, "--hook", "--tune", "--workers", "1", "--sleep-ms", "20", "--batch-size", "4",
                    "--step-ms", "10", "--epoch-items", "200", "--duration", "300", "--stop", str(stop),
-                   module="framework_job", env=ENV) for f in frameworks}
+                   module="support.framework_job", env=ENV) for f in frameworks}
 
     def settled(j):
         try:

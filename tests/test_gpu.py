@@ -8,14 +8,14 @@ import subprocess
 import time
 
 import pytest
-from fake_nvml import (
+from support.fake_nvml import (
     NVML_ERROR_DRIVER_NOT_LOADED,
     NVML_ERROR_LIB_RM_VERSION_MISMATCH,
     NVML_ERROR_LIBRARY_NOT_FOUND,
     NVML_ERROR_NO_PERMISSION,
     FakeNvml,
 )
-from jobs import PYTHON, loadertop, wait_for
+from support.jobs import PYTHON, loadertop, wait_for
 
 from loadertop.outputs.report import build_report
 from loadertop.probes.gpu import GpuProbe
@@ -56,14 +56,13 @@ def test_per_process_utilization_where_supported():
     assert unsupported.process_utilization(0) == {}
 
 
-@pytest.mark.unit
 def test_a_busy_gpu_lowers_the_severity_of_a_data_wait():
     # A loop that waits 30% for data while its GPU stays 95% busy loses less than the wait
     # says: input_bound is a warning there, critical beside a GPU at 20%. The GPU figures come
     # through the NVML boundary (the fake), as on a real machine.
     from dataclasses import replace
 
-    from synth import TRAINER, host, snapshot, story, trainer
+    from support.synth import TRAINER, host, snapshot, story, trainer
 
     def verdict_with(utilization: float):
         (gpu,), _ = GpuProbe(lib=FakeNvml(utilization=[utilization], processes=[TRAINER])).sample()
@@ -78,7 +77,7 @@ def test_a_busy_gpu_lowers_the_severity_of_a_data_wait():
     assert "GPU utilization is 95%" in busy.title
 
 
-@pytest.mark.slow
+@pytest.mark.live
 def test_starving_trainer_on_a_gpu_story(job):
     """A real starved job, with NVML faked to list its trainer on GPU 0 while utilization
     falls: the trainer is mapped to the GPU, input_bound carries the GPU evidence and
@@ -134,7 +133,7 @@ def test_container_pid_is_matched_through_nspid(job):
 
 
 def _children_are_workers(pid: int) -> bool:
-    from jobs import comm
+    from support.jobs import comm
 
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as f:
@@ -144,7 +143,7 @@ def _children_are_workers(pid: int) -> bool:
 
 
 def _tree(pid: int) -> list[int]:
-    from jobs import descendants
+    from support.jobs import descendants
 
     return [pid, *descendants(pid)]
 

@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
-from jobs import REPO, descendants, loadertop, python_sleeper, state, wait_for
-from test_export import free_port, scrape
-from test_tui import wait_until
+from support.exporter import free_port, scrape
+from support.jobs import REPO, descendants, loadertop, python_sleeper, state, wait_for
+from support.tui import wait_until
 
 SECRETS = ("k-secret-9", "t-secret-8", "p-secret-7", "url-secret-6", "wandb-secret-1234", "WANDB_API_KEY")
 
@@ -54,7 +54,7 @@ def test_secrets_never_reach_a_recording(secret_target, tmp_path):
     _no_secret(out.read_bytes().decode("latin-1"), "recording file")
 
 
-@pytest.mark.slow
+@pytest.mark.live
 def test_secrets_never_reach_the_exporter(secret_target):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "loadertop", "export", str(secret_target.pid), "--listen",
@@ -124,7 +124,7 @@ def test_a_report_is_never_written_through_a_symlink(tmp_path):
     os.remove(fallback)
 
 
-@pytest.mark.slow
+@pytest.mark.live
 def test_a_hung_py_spy_times_out_with_a_notice_and_sampling_goes_on(job):
     from loadertop.probes.stacks import StackSampler
     from loadertop.sampler import Sampler
@@ -199,7 +199,7 @@ def _zombie_children() -> list[int]:
     return out
 
 
-@pytest.mark.slow
+@pytest.mark.live
 def test_hundreds_of_workers_churning_leave_loadertop_flat(job):
     """An hour of epoch-by-epoch respawns, compressed: one-batch epochs without persistent
     workers re-create both workers several times a second. Everything loadertop keeps per

@@ -10,9 +10,9 @@ import time
 import warnings
 
 import pytest
-from jobs import REPO, loadertop
-from test_isolation import SYSTEM_PYTHON, _nobody_can_run_system_python, world_readable_loadertop  # noqa: F401
-from test_snapshot_cli import only_trainer
+from support.jobs import REPO, loadertop
+from support.reports import only_trainer
+from support.users import SYSTEM_PYTHON, nobody_can_run_system_python
 
 import loadertop as lt
 from loadertop.hookfile import hook_path
@@ -153,7 +153,7 @@ def test_unwritable_location_disables_with_one_warning():
     assert len(caught) == 1 and "disabled" in str(caught[0].message)
 
 
-@pytest.mark.slow
+@pytest.mark.live
 def test_exact_figure_equals_the_scripts_own(job):
     j = job("--workers", "1", "--persistent", "--item-ms", "6", "--batch-size", "8", "--step-ms", "10", "--watch")
     j.wait_ready()
@@ -172,7 +172,7 @@ def test_exact_figure_equals_the_scripts_own(job):
     assert "input_bound" in {f["id"] for f in report["findings"]}
 
 
-@pytest.mark.slow
+@pytest.mark.live
 def test_two_loaders_are_told_apart(job):
     j = job("--workers", "2", "--persistent", "--epoch-items", "40", "--val-workers", "1", "--watch")
     j.wait_ready()
@@ -182,8 +182,8 @@ def test_two_loaders_are_told_apart(job):
     assert sorted(loader["num_workers"] for loader in loaders) == [1, 2]
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not _nobody_can_run_system_python(), reason="needs root, runuser and /usr/bin/python3")
+@pytest.mark.live
+@pytest.mark.skipif(not nobody_can_run_system_python(), reason="needs root, runuser and /usr/bin/python3")
 def test_another_user_without_ptrace_still_gets_exact_data_wait(job, world_readable_loadertop):  # noqa: F811
     j = job("--workers", "1", "--persistent", "--item-ms", "6", "--batch-size", "8", "--step-ms", "10", "--watch")
     j.wait_ready()
@@ -374,7 +374,7 @@ def test_a_full_dev_shm_disables_the_hook_instead_of_killing_the_job():
     assert r.stdout.split() == ["6", "1", "True"]
 
 
-@pytest.mark.slow
+@pytest.mark.live
 @pytest.mark.skipif(not shutil.which("unshare"), reason="needs unshare")
 def test_a_trainer_in_its_own_pid_namespace_is_matched_through_nspid(job):
     """In a container the hook names its file with the container's pid; the host reads the
@@ -382,7 +382,7 @@ def test_a_trainer_in_its_own_pid_namespace_is_matched_through_nspid(job):
     r = subprocess.run(["unshare", "-p", "-f", "--mount-proc", "true"], capture_output=True)
     if r.returncode != 0:
         pytest.skip("pid namespaces are not permitted here")
-    from jobs import PYTHON
+    from support.jobs import PYTHON
 
     j = job("--workers", "1", "--persistent", "--item-ms", "6", "--batch-size", "8", "--step-ms", "10", "--watch",
             cmd=["unshare", "-p", "-f", "--mount-proc", PYTHON])
@@ -450,7 +450,6 @@ def test_a_watched_loader_can_be_copied_and_pickled(tmp_path):
     assert h["batches"] == 9  # the copies go on with the same figures, under the same name
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("field,value,why", [
     ("batch_bytes", 2**64 - 1, "out of range"),
     ("batches", 2**63, "out of range"),
@@ -476,7 +475,6 @@ def test_absurd_figures_from_the_hook_are_refused_at_the_probe(tmp_path, field, 
         read_hook(str(path))
 
 
-@pytest.mark.unit
 def test_a_counter_that_goes_back_is_a_reset_not_a_negative_rate(tmp_path, monkeypatch):
     import os as _os
 

@@ -7,20 +7,18 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
-from pathlib import Path
 
 import jsonschema
 import pytest
-from jobs import PYTHON, REPO, worker_pids
-from test_snapshot_cli import SCHEMA, only_trainer, snapshot
+from support.jobs import PYTHON, worker_pids
+from support.reports import SCHEMA, only_trainer, snapshot
+from support.users import SYSTEM_PYTHON, nobody_can_run_system_python
 
 from loadertop.started import can_unshare_shm, shm_wrapper
 
 # Real jobs watched by another user.
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.live
 
-SYSTEM_PYTHON = "/usr/bin/python3"
 
 
 
@@ -36,30 +34,7 @@ def test_trainer_with_its_own_small_dev_shm(job):
     assert shm["peak_used_bytes"] >= shm["used_bytes"] >= 0
 
 
-def _nobody_can_run_system_python() -> bool:
-    if os.geteuid() != 0 or not shutil.which("runuser") or not os.path.exists(SYSTEM_PYTHON):
-        return False
-    r = subprocess.run(["runuser", "-u", "nobody", "--", SYSTEM_PYTHON, "-c", "pass"], capture_output=True)
-    return r.returncode == 0
-
-
-@pytest.fixture
-def world_readable_loadertop():
-    """A copy of the package that user nobody can import (the checkout may sit under /root)."""
-    folder = tempfile.mkdtemp(prefix="loadertop-nobody-")
-    os.chmod(folder, 0o755)
-    shutil.copytree(REPO / "loadertop", Path(folder) / "loadertop",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    for root, dirs, files in os.walk(folder):
-        for name in dirs:
-            os.chmod(os.path.join(root, name), 0o755)
-        for name in files:
-            os.chmod(os.path.join(root, name), 0o644)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-@pytest.mark.skipif(not _nobody_can_run_system_python(), reason="needs root, runuser and /usr/bin/python3")
+@pytest.mark.skipif(not nobody_can_run_system_python(), reason="needs root, runuser and /usr/bin/python3")
 def test_unprivileged_user_sees_workers_and_is_told_what_is_missing(job, world_readable_loadertop):
     j = job("--workers", "2", "--persistent", "--item-ms", "2")
     j.wait_ready()

@@ -12,8 +12,6 @@ import pytest
 
 from loadertop.probes.launch import job_id, kubernetes_pod
 
-pytestmark = pytest.mark.unit
-
 
 def test_a_jobs_name_is_the_same_on_every_node():
     assert job_id({"TORCHELASTIC_RUN_ID": "exp7", "SLURM_JOB_ID": "9"}, "a", 1) == "run:exp7"

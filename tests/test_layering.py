@@ -56,7 +56,6 @@ def _headless() -> list[str]:
             if _name(p) not in IN_THE_TRAINER and p.name != "__main__.py"]
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("path", _modules(), ids=_name)
 def test_every_module_imports_only_what_its_layer_may(path):
     name = _name(path)
@@ -86,7 +85,6 @@ def _top_level_imports(source: str, name: str) -> set[str]:
     return _imports(ast.unparse(module_level), name)
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("path", [p for p in _modules() if _name(p).startswith("inside/") or _name(p) == "hookfile.py"],
                          ids=_name)
 def test_the_trainer_side_imports_only_the_standard_library_its_framework_and_the_hook_format(path):
@@ -104,7 +102,6 @@ def test_the_trainer_side_imports_only_the_standard_library_its_framework_and_th
         assert module == "loadertop", f"{name} imports {module}: the trainer's side takes nothing from the monitor"
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("path", [p for p in _modules() if not _name(p).startswith("inside/")], ids=_name)
 def test_the_monitor_side_never_imports_the_trainer_side(path):
     name = _name(path)
@@ -126,14 +123,12 @@ def _graph() -> dict[str, set[str]]:
     return graph
 
 
-@pytest.mark.unit
 def test_no_two_modules_import_each_other():
     graph = _graph()
     circles = sorted({tuple(sorted((a, b))) for a, deps in graph.items() for b in deps if a in graph.get(b, ())})
     assert not circles, f"modules that import each other: {circles}"
 
 
-@pytest.mark.unit
 def test_no_two_modules_share_a_name():
     """hook.py and probes/hooks.py, picker.py twice, plan.py twice: a reader opened the wrong one."""
     stems: dict[str, list[str]] = {}
@@ -143,7 +138,6 @@ def test_no_two_modules_share_a_name():
     assert not {s: ps for s, ps in stems.items() if len(ps) > 1}
 
 
-@pytest.mark.unit
 def test_the_static_check_sees_lazy_and_relative_imports():
     source = "def f():\n    from ..tui.app import X\n    import torch.utils\n    from . import gpu\n"
     found = _imports(source, "probes/p.py")
@@ -179,7 +173,6 @@ def test_snapshot_run_does_not_import_torch(tmp_path):
     subprocess.run([sys.executable, "-c", code, str(tmp_path / "r.json")], check=True)
 
 
-@pytest.mark.unit
 def test_every_numeric_threshold_is_defined_once():
     """`loadertop tune` once re-declared the monitor's TOLERANCE, SHM_LIMIT, MEMORY_LIMIT and
     MAX_WORKERS: a number changed in one place silently stayed in the other."""
@@ -195,7 +188,6 @@ def test_every_numeric_threshold_is_defined_once():
     assert not {name: paths for name, paths in where.items() if len(paths) > 1}
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("path", [p for p in _modules() if _name(p).startswith("tui/")], ids=_name)
 def test_the_tui_uses_only_textuals_public_api(path):
     """The history line once reached into the Sparkline's renderable (textual.renderables):

@@ -9,15 +9,13 @@ import json
 from dataclasses import replace
 
 import pytest
-from synth import host, snapshot, story, trainer
+from support.synth import host, snapshot, story, trainer
 
 from loadertop import cli
 from loadertop.outputs import summary
 from loadertop.outputs.record import Recorder
 from loadertop.rules import Diagnoser
 from loadertop.tui.source import ScriptedSource
-
-pytestmark = pytest.mark.unit
 
 
 @pytest.fixture(autouse=True)

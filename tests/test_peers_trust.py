@@ -14,8 +14,6 @@ import pytest
 from loadertop.autotune import peers as R
 from loadertop.model import Knobs
 
-pytestmark = pytest.mark.unit
-
 NOW = 1_700_000_000.0
 BOUNDS = R.Bounds(world=2, most_workers=8, most_threads=2)  # 2 CPUs: the plan's cap is 4 per CPU
 HOSTILE = {"rank": -1, "epoch": 3, "wait": 0.9, "at": 1e300,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from synth import T0, TRAINER, data_wait, gpu, host, process, replace, snapshot, story, trainer
+from support.synth import T0, TRAINER, data_wait, gpu, host, process, replace, snapshot, story, trainer
 
 from loadertop.model import DataWait, LoaderConfig, ShmSnapshot
 from loadertop.rules import diagnose_with_plans
@@ -17,8 +17,6 @@ from loadertop.rules.loops import loader_call, loader_change
 from loadertop.rules.plan import batches_held
 from loadertop.rules.throughput import Setting, predict, softmin, terms
 from loadertop.rules.verdict import verdict
-
-pytestmark = pytest.mark.unit
 
 
 def plan_of(history, pid=TRAINER):

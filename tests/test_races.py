@@ -11,12 +11,12 @@ import random
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from jobs import Job
+from support.jobs import Job
 
 from loadertop.probes import procfs
 
 # Real jobs whose workers come and go.
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.live
 
 
 @pytest.fixture(scope="module")

@@ -10,46 +10,15 @@ from importlib.resources import files
 
 import jsonschema
 import pytest
-from synth import T0, host, process, replace, snapshot, story, trainer
+from support.ranks import BALANCED, INPUT, JOB, STEP, job_story, rank
+from support.synth import T0, host, replace, snapshot, story, trainer
 
-from loadertop.model import DataWait
 from loadertop.outputs.report import build_report, verdict_of_report
 from loadertop.outputs.report_md import render
 from loadertop.rules import diagnose
 from loadertop.rules import thresholds as T
 from loadertop.rules.ranks import RankFigures, attribute, view_order
 from loadertop.rules.verdict import job_verdict, verdict
-
-pytestmark = pytest.mark.unit
-
-JOB = "run:ddp-7"
-
-
-def rank_wait(wait: float, backward: float, samples: int = 400, steps: float | None = None,
-              source: str = "py-spy") -> DataWait:
-    other = max(0.0, 1.0 - wait - backward)
-    breakdown = (("forward", other / 2), ("backward", backward), ("optimizer", 0.0), ("device_sync", 0.0),
-                 ("other", other / 2)) if source == "py-spy" else ()
-    return DataWait(wait, wait, 0.0, breakdown, samples, 10.0, 0.0, source=source, steps_per_s=steps)
-
-
-def rank(r: int, wait: float, backward: float, cpu: float = 0.1, world: int = 2, source: str = "py-spy",
-         workers: int = 1, **kw):
-    pid = 5000 + 100 * r
-    return trainer(workers=workers, worker_cpu=20.0, pid=pid, rank=r, local_rank=r, world_size=world, job_pid=4000,
-                   job_id=JOB, wait=rank_wait(wait, backward, source=source),
-                   main=process(pid, 100 * cpu, threads=6, main_thread_cpu=cpu, main_thread_runqueue_s_per_s=0.0),
-                   **kw)
-
-
-def job_story(ranks, seconds: int = 30):
-    return story(seconds, lambda t: snapshot(t, ranks, host(cpu=40.0)))
-
-
-INPUT = [rank(0, 0.02, 0.94, cpu=0.04), rank(1, 0.93, 0.02, cpu=0.05)]
-STEP = [rank(0, 0.03, 0.80, cpu=0.15), rank(1, 0.04, 0.05, cpu=0.9)]
-BALANCED = [rank(0, 0.30, 0.30, cpu=0.5), rank(1, 0.33, 0.28, cpu=0.5)]
-
 
 # --- the attribution, pure ---------------------------------------------------------------
 
@@ -229,7 +198,7 @@ def test_a_process_with_no_rank_is_a_job_of_its_own():
 
 
 async def test_the_live_view_shows_the_job_with_its_straggler_first_and_selects_a_rank():
-    from test_tui import text_of, wait_until
+    from support.tui import text_of, wait_until
 
     from loadertop.tui.app import LoadertopApp
     from loadertop.tui.source import ScriptedSource
@@ -264,7 +233,7 @@ def test_the_html_report_opens_with_the_job():
 @pytest.mark.parametrize("story_of", ["cpu_full", "waiting_rank"])
 async def test_the_header_never_says_no_change_over_a_finding_without_one(story_of):
     # Issue 35: `INPUT-BOUND 67%` over the line "no change to make".
-    from test_tui import text_of, wait_until
+    from support.tui import text_of, wait_until
 
     from loadertop.tui.app import LoadertopApp
     from loadertop.tui.source import ScriptedSource

@@ -8,7 +8,7 @@ import os
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from synth import gpu, host, snapshot, story, trainer, worker_exit
+from support.synth import gpu, host, snapshot, story, trainer, worker_exit
 
 from loadertop.numbers import LARGEST
 from loadertop.outputs import record

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from jobs import REPO, loadertop, wait_for
+from support.jobs import REPO, loadertop, wait_for
 
 from loadertop.outputs import record
 

@@ -9,8 +9,8 @@ import dataclasses
 import json
 
 import pytest
-from synth import host, snapshot, story, trainer
-from test_ranks import INPUT, job_story
+from support.ranks import INPUT, job_story
+from support.synth import host, snapshot, story, trainer
 
 from loadertop import cli
 from loadertop.outputs import judgement, summary
@@ -18,8 +18,6 @@ from loadertop.outputs.record import Recorder, read
 from loadertop.rules import Diagnoser
 from loadertop.rules.diagnosis import Verdict, frozen
 from loadertop.tui.source import ScriptedSource
-
-pytestmark = pytest.mark.unit
 
 
 @pytest.fixture(autouse=True)

@@ -7,8 +7,6 @@ import pytest
 
 from loadertop.redact import REDACTED, redact_cmdline
 
-pytestmark = pytest.mark.unit
-
 HIDDEN = [  # (arguments, the secret that must not survive)
     (["--api-key", "S1"], "S1"),
     (["--api_key=S2"], "S2"),

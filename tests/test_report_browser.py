@@ -9,14 +9,14 @@ import subprocess
 from dataclasses import replace
 
 import pytest
-from synth import gpu, host, snapshot, story, trainer
+from support.synth import gpu, host, snapshot, story, trainer
 
 from loadertop.outputs.report import build_report
 from loadertop.outputs.report_html import COLOURS, render
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # A real browser renders the report.
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run installs it)")]
+pytestmark = [pytest.mark.live, pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run installs it)")]
 
 
 def _page() -> str:

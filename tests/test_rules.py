@@ -5,13 +5,11 @@ plan proposes, and why, is tests/test_plan.py's."""
 from __future__ import annotations
 
 import pytest
-from synth import T0, TRAINER, data_wait, gpu, host, process, replace, snapshot, story, trainer, worker_exit
+from support.synth import T0, TRAINER, data_wait, gpu, host, process, replace, snapshot, story, trainer, worker_exit
 
 from loadertop.model import ShmSnapshot
 from loadertop.rules import Diagnoser, diagnose
 from loadertop.rules import thresholds as T
-
-pytestmark = pytest.mark.unit
 
 
 def ids(findings) -> list[str]:
@@ -414,7 +412,6 @@ def _raising(ctx):
     raise KeyError("num_workers")
 
 
-@pytest.mark.unit
 def test_a_rule_that_raises_is_a_notice_naming_it_not_a_quiet_job(monkeypatch):
     from loadertop.outputs.report import build_report
     from loadertop.rules import RAISE_RULE_ERRORS, RULES, diagnosed
@@ -433,7 +430,6 @@ def test_a_rule_that_raises_is_a_notice_naming_it_not_a_quiet_job(monkeypatch):
     assert d.plans
 
 
-@pytest.mark.unit
 def test_in_the_suite_a_rule_that_raises_fails_the_test(monkeypatch):
     from loadertop.rules import RULES, diagnosed
 
@@ -444,7 +440,7 @@ def test_in_the_suite_a_rule_that_raises_fails_the_test(monkeypatch):
 
 def test_one_workers_figures_are_said_of_the_worker_not_each():
     # A user read "the workers compute (92% CPU each ...)" of a job with one worker.
-    from synth import host, snapshot, story, trainer
+    from support.synth import host, snapshot, story, trainer
 
     from loadertop.rules import diagnosed
 

@@ -11,14 +11,12 @@ import sys
 import time
 
 import pytest
-from synth import host, replace, snapshot, story, trainer
+from support.synth import host, replace, snapshot, story, trainer
 
 from loadertop.model import BusyProcess
 from loadertop.probes.cgroup import sched_group
 from loadertop.rules import diagnosed
 from loadertop.rules.share import job_share, waterfill
-
-pytestmark = pytest.mark.unit
 
 
 def test_groups_get_equal_shares_none_past_what_it_asks():

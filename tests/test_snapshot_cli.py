@@ -12,26 +12,11 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from jobs import PYTHON, REPO, comm, descendants, loadertop, python_sleeper, wait_for, worker_pids
+from support.jobs import PYTHON, REPO, comm, descendants, loadertop, python_sleeper, wait_for, worker_pids
+from support.reports import SCHEMA, only_trainer, snapshot
 
 from loadertop.sampler import Sampler
 from loadertop.started import stop_job
-
-SCHEMA = json.loads((Path(__file__).parent.parent / "loadertop/schema/report-2.json").read_text())
-
-
-def snapshot(*pids: int, duration: float = 2.0, extra: tuple[str, ...] = ()) -> dict:
-    r = loadertop("snapshot", *map(str, pids), "--duration", str(duration), "--interval", "0.5",
-                  "--json", "--no-stacks", *extra)
-    assert r.returncode == 0, r.stderr
-    report = json.loads(r.stdout)
-    jsonschema.validate(report, SCHEMA)
-    return report
-
-
-def only_trainer(report: dict) -> dict:
-    assert len(report["trainers"]) == 1, report["trainers"]
-    return report["trainers"][0]
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-from jobs import loadertop
-from test_isolation import SYSTEM_PYTHON, _nobody_can_run_system_python, world_readable_loadertop  # noqa: F401
-from test_snapshot_cli import SCHEMA, only_trainer
+from support.jobs import loadertop
+from support.reports import SCHEMA, only_trainer
+from support.users import SYSTEM_PYTHON, nobody_can_run_system_python
 
 from loadertop.probes import pyspy, stacks
 from loadertop.probes.pyspy import MAIN, WAIT, classify_main, parse_dump, parse_raw
@@ -92,7 +92,6 @@ def test_rest_of_the_step(frames, expected):
 DISPATCH = "DataLoaderDispatcher.__iter__ (accelerate/data_loader.py:868)"
 
 
-@pytest.mark.unit
 def test_a_rank_waiting_for_accelerates_dispatch_is_data_wait_told_apart():
     # Accelerate's DataLoaderDispatcher: rank 0 loads (torch's __next__ inside) and
     # broadcasts; the other ranks wait in the broadcast, inside the same generator.
@@ -193,7 +192,7 @@ def _report(pid: int, duration: int = 8) -> dict:
     return report
 
 
-@pytest.mark.slow
+@pytest.mark.live
 def test_starved_job_reads_higher_than_healthy_and_near_its_truth(job):
     starved = job("--workers", "1", "--persistent", "--item-ms", "12", "--batch-size", "8", "--step-ms", "10")
     starved.wait_ready()
@@ -220,7 +219,7 @@ def test_starved_job_reads_higher_than_healthy_and_near_its_truth(job):
                              "worker_pids": [s["workers"][0]["pid"]]}]
 
 
-@pytest.mark.slow
+@pytest.mark.live
 def test_worker_ids_match_the_dataloader(job):
     j = job("--workers", "3", "--persistent", "--item-ms", "5", "--iterable")
     j.wait_ready()
@@ -230,7 +229,7 @@ def test_worker_ids_match_the_dataloader(job):
     assert trainer["loaders"][0]["dataset_class"] == "StreamData"
 
 
-@pytest.mark.slow
+@pytest.mark.live
 def test_num_workers_0_is_main_process_bound(job):
     j = job("--workers", "0", "--item-ms", "6", "--batch-size", "8", "--step-ms", "5")
     j.wait_ready()
@@ -239,7 +238,7 @@ def test_num_workers_0_is_main_process_bound(job):
     assert dw["main_process_fraction"] > 0.3 and dw["main_process_fraction"] > 5 * dw["worker_wait_fraction"]
 
 
-@pytest.mark.slow
+@pytest.mark.live
 def test_target_that_exits_mid_window_keeps_its_samples(job):
     j = job("--workers", "1", "--persistent", "--item-ms", "12", "--duration", "5")
     j.wait_ready()
@@ -248,8 +247,8 @@ def test_target_that_exits_mid_window_keeps_its_samples(job):
     assert trainer["data_wait"] is not None and trainer["data_wait"]["samples"] > 5
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not _nobody_can_run_system_python(), reason="needs root, runuser and /usr/bin/python3")
+@pytest.mark.live
+@pytest.mark.skipif(not nobody_can_run_system_python(), reason="needs root, runuser and /usr/bin/python3")
 def test_unprivileged_run_gives_null_and_the_fix(job, world_readable_loadertop):  # noqa: F811
     pyspy = stacks.find_pyspy()
     assert pyspy, "py-spy is a dependency"
@@ -272,7 +271,7 @@ def test_unprivileged_run_gives_null_and_the_fix(job, world_readable_loadertop):
     assert "another user" in notice["message"] and "root" in notice["fix"]
 
 
-@pytest.mark.slow
+@pytest.mark.live
 def test_duty_cycle_dumps_new_workers_at_once_and_counts_a_stall_across_gaps(job):
     """The live view's py-spy settings: a window every few seconds and rare dumps. Workers
     found on attach still get their arguments within seconds, and a loop that waited all
@@ -280,7 +279,7 @@ def test_duty_cycle_dumps_new_workers_at_once_and_counts_a_stall_across_gaps(job
     import signal
     import time
 
-    from jobs import wait_for, worker_pids
+    from support.jobs import wait_for, worker_pids
 
     from loadertop.probes.stacks import StackSampler
 
@@ -326,7 +325,7 @@ def test_a_dump_of_any_other_shape_is_nothing_not_an_exception(text):
 def test_a_py_spy_that_cannot_run_is_a_notice_and_the_thread_goes_on(tmp_path):
     import threading
 
-    from jobs import wait_for
+    from support.jobs import wait_for
 
     broken = tmp_path / "py-spy"
     broken.write_bytes(b"\x7fELF not really")  # ENOEXEC: a binary for some other machine
@@ -342,12 +341,12 @@ def test_a_py_spy_that_cannot_run_is_a_notice_and_the_thread_goes_on(tmp_path):
         sampler.close()
 
 
-@pytest.mark.slow
+@pytest.mark.live
 def test_py_spy_is_never_pointed_at_a_pid_whose_process_changed(job):
     """The start time given for a pid is checked before py-spy reads it: a pid reused by
     another process (here: an identity that does not match) is never sampled, and what was
     read of an earlier process with the pid is dropped."""
-    from jobs import wait_for
+    from support.jobs import wait_for
 
     from loadertop.probes.procfs import read_stat
 
@@ -375,7 +374,6 @@ def _dump_of(pid: int, frames: list[tuple[str, str]]) -> str:
         for name, file in frames]}])
 
 
-@pytest.mark.unit
 def test_a_dump_tells_a_loader_worker_that_keeps_the_trainers_name_from_another_child():
     # torchdata's StatefulDataLoader runs its own worker loop, which does not rename the
     # process: only its stack shows it is a worker.
@@ -387,7 +385,6 @@ def test_a_dump_tells_a_loader_worker_that_keeps_the_trainers_name_from_another_
     assert other.worker_loop is None
 
 
-@pytest.mark.unit
 def test_a_stateful_loader_in_the_main_process_is_loading_not_waiting():
     frames = ["<module> (train.py:9)",
               "_StatefulBaseDataLoaderIter.__next__ (torchdata/stateful_dataloader/stateful_dataloader.py:449)",
@@ -397,7 +394,6 @@ def test_a_stateful_loader_in_the_main_process_is_loading_not_waiting():
     assert pyspy.classify_main(frames) == pyspy.MAIN
 
 
-@pytest.mark.unit
 def test_a_worker_id_no_dataloader_could_have_is_not_taken():
     # A process may show any locals: an id of 10**20 would reach the recording as a figure
     # its own reader refuses. Ids and counts past 65535 are no torch worker's.

@@ -4,9 +4,9 @@ beside a recording by `record`, printed by `snapshot`; real jobs that end while 
 from __future__ import annotations
 
 import pytest
-from jobs import loadertop
+from support.jobs import loadertop
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.live
 
 # A starved job that ends by itself after a few seconds.
 SHORT = ("--workers", "1", "--item-ms", "25", "--batch-size", "8", "--step-ms", "10", "--persistent", "--watch")
@@ -35,7 +35,7 @@ def test_a_snapshot_that_outlives_its_job_prints_the_summary(job):
 
 
 async def test_the_live_view_keeps_the_summary_on_screen_when_the_job_ends(job):
-    from test_tui import wait_until
+    from support.tui import wait_until
 
     from loadertop.tui.app import LoadertopApp
     from loadertop.tui.screens.job_ended import SummaryScreen

@@ -18,8 +18,8 @@ import termios
 import time
 
 import pytest
-from jobs import REPO, loadertop
-from synth import snapshot, story, trainer
+from support.jobs import REPO, loadertop
+from support.synth import snapshot, story, trainer
 
 from loadertop.text import printable
 
@@ -28,7 +28,6 @@ HOSTILE = "\x1b]0;pwned-title\x1b\\ \x1b]52;c;cHduZWQ=\x1b\\ \u202eevil"
 RAW = (b"\x1b]0;pwned", b"\x1b]52;c;cHdu", "\u202e".encode())
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize(("text", "shown"), [
     ("plain text, ünïcode ✓", "plain text, ünïcode ✓"),
     ("\x1b[31mred", "\\x1b[31mred"),
@@ -41,7 +40,6 @@ def test_process_text_is_shown_with_visible_escapes(text, shown):
     assert printable(text) == shown
 
 
-@pytest.mark.unit
 def test_a_snapshot_makes_what_a_process_wrote_printable():
     from dataclasses import replace
 
@@ -51,7 +49,6 @@ def test_a_snapshot_makes_what_a_process_wrote_printable():
     assert t.env == (("OMP_NUM_THREADS", "\\x1b[2J"),)
 
 
-@pytest.mark.unit
 def test_a_markdown_report_cannot_be_forged_by_what_it_quotes():
     from dataclasses import replace
 
@@ -132,7 +129,7 @@ def hostile_job(job):
     return j
 
 
-@pytest.mark.slow
+@pytest.mark.live
 def test_escape_sequences_in_a_command_line_never_reach_the_terminal_or_a_report(job, tmp_path):
     j = hostile_job(job)
     views = {

@@ -2,41 +2,17 @@
 default threads (one per CPU) beside 2 workers whose items cost 5 ms of Python, on this
 machine's CPUs. At default threads the loop's pool spins between tiny ops and takes the
 workers' CPUs: the advice is OMP_NUM_THREADS=1 (measured here 1.5x faster: 52-56 -> 76-85
-steps/s, docs/BENCHMARKS.md), not more workers; with one thread it is left alone."""
+steps/s, docs/BENCHMARKS.md), not more workers; with one thread it is left alone. That advice
+is proven on the jobs' recordings (tests/test_scenarios.py); here the tuner applies it live."""
 
 from __future__ import annotations
 
 import pytest
-from jobs import wait_for
-from test_diagnosis_live import findings, report
+from support.jobs import wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.live
 
 JOB = ("--workers", "2", "--persistent", "--item-ms", "5", "--batch-size", "4", "--step-ms", "0")
-
-
-def test_the_loops_default_threads_are_limited_and_not_given_more_workers(job):
-    j = job(*JOB, "--main-threads", "0")  # torch's default: one intra-op thread per usable CPU
-    j.wait_ready()
-    rep = report(j.pid, duration=10)
-    (trainer,) = rep["trainers"]
-    if trainer["usable_cpus"] < 2:
-        pytest.skip("one CPU: torch's default is one thread")
-    found = findings(rep)
-    assert "main_threads" in found, (trainer["verdict"], list(found), trainer["main"])
-    assert found["main_threads"]["change"] == {"env": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}}
-    assert found["main_threads"]["evidence"]["main_busy_threads"] >= 1.5
-    assert trainer["plan"]["cause"] == "main_threads" and trainer["verdict"] == "OVERSUBSCRIBED"
-    more = [f for f in rep["findings"] if (f["change"] or {}).get("DataLoader", {}).get("num_workers", 0) > 2]
-    assert not more, more
-
-
-def test_a_loop_on_one_thread_gets_no_thread_advice(job):
-    j = job(*JOB, "--main-threads", "1")
-    j.wait_ready()
-    rep = report(j.pid, duration=10)
-    assert "main_threads" not in findings(rep)
-    assert rep["trainers"][0]["plan"]["cause"] != "main_threads"
 
 
 def test_tune_limits_the_loops_threads_in_place_and_keeps_it_as_measured_faster(job):

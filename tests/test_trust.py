@@ -18,8 +18,8 @@ import zlib
 from types import SimpleNamespace
 
 import pytest
-from jobs import REPO, loadertop, python_sleeper, wait_for
-from synth import snapshot, trainer
+from support.jobs import REPO, loadertop, python_sleeper, wait_for
+from support.synth import snapshot, trainer
 
 from loadertop.outputs import record
 from loadertop.outputs.record import MAGIC, Damaged, Recorder, decode, encode
@@ -82,7 +82,7 @@ def test_a_report_on_thousands_of_workers_reads_each_trainers_workers_once():
     # 70 KiB recording cost 1.1 s. Counted, not timed: how often the workers are walked.
     from dataclasses import replace
 
-    from synth import process
+    from support.synth import process
 
     from loadertop.outputs import report
 
@@ -285,7 +285,7 @@ def test_pid_1_is_refused_unless_it_is_the_training_script():
                                   "[::ffff:0.0.0.0]"])
 def test_listening_on_every_interface_warns_and_says_how_to_restrict_it(host):
     # Every spelling of the unspecified address binds every interface: judged as resolved.
-    from test_export import free_port
+    from support.exporter import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "loadertop", "export", str(os.getpid()), "--listen",
@@ -361,7 +361,7 @@ def test_worker_series_are_labelled_by_worker_id_not_pid():
 
 
 def test_the_exporter_caps_connections_and_silent_ones_give_way(monkeypatch):
-    from test_export import free_port, scrape
+    from support.exporter import free_port, scrape
 
     from loadertop.outputs import export
 
@@ -398,7 +398,7 @@ def test_the_exporter_caps_connections_and_silent_ones_give_way(monkeypatch):
 def test_silent_connections_from_many_loopback_addresses_keep_no_scrape_out(monkeypatch):
     # The fourth review: 4 loopback addresses x 4 silent connections filled the 16 slots; 7 of
     # 100 scrapes got through. Every 127.x address is one client, and silent ones give way.
-    from test_export import free_port, scrape
+    from support.exporter import free_port, scrape
 
     from loadertop.outputs import export
 
@@ -426,7 +426,7 @@ def test_idle_clients_of_one_address_cannot_take_every_slot(monkeypatch):
     from loadertop.outputs import export
 
     monkeypatch.setattr(export, "IDLE_TIMEOUT_S", 30.0)
-    from test_export import free_port
+    from support.exporter import free_port
 
     port = free_port()
     sampler = SimpleNamespace(tick=lambda: snapshot(0, [trainer()]), close=lambda: None)
@@ -455,7 +455,7 @@ def test_idle_clients_of_one_address_cannot_take_every_slot(monkeypatch):
 def test_clients_that_drip_a_request_hold_their_slots_only_until_its_deadline(monkeypatch):
     # A byte every 0.6 s beats a per-recv timeout of 1 s for ever; the request's deadline
     # ends them. Meanwhile a real scrape takes a dripper's place (it has not asked yet).
-    from test_export import free_port, scrape
+    from support.exporter import free_port, scrape
 
     from loadertop.outputs import export
 
@@ -499,7 +499,7 @@ def test_clients_that_drip_a_request_hold_their_slots_only_until_its_deadline(mo
 
 
 def test_a_client_that_hangs_up_leaves_no_traceback():
-    from test_export import free_port
+    from support.exporter import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "loadertop", "export", str(os.getpid()), "--listen",
@@ -632,7 +632,6 @@ def test_the_demos_images_go_only_into_a_folder_of_the_users_own(tmp_path):
     assert sorted(os.listdir(own)) == ["img-64x48-00000.jpg", "img-64x48-00001.jpg"]  # no temp file left
 
 
-@pytest.mark.unit
 def test_a_cpu_line_cut_short_in_proc_stat_is_skipped_not_a_crash(tmp_path, monkeypatch):
     # The suite's random-fault test found an IndexError here with one seed.
     from loadertop.probes import procfs

@@ -3,13 +3,12 @@ report, a target that exits, and the 80x24 layout."""
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import json
-from dataclasses import replace
 
 import pytest
-from synth import TRAINER, data_wait, gpu, host, snapshot, story, trainer
+from support.synth import TRAINER, data_wait, host, snapshot, story, trainer
+from support.tui import moving, starved, text_of, wait_until
 from textual.widgets import Static
 
 from loadertop.rules import diagnose
@@ -18,31 +17,6 @@ from loadertop.tui.source import ScriptedSource
 from loadertop.tui.widgets.history import HistoryLine, HistoryPanel, HistoryRow
 from loadertop.tui.widgets.panels import FindingsPanel, HeaderPanel, OverviewPanel
 from loadertop.tui.widgets.workers import TREND_AT, WorkersTable
-
-
-def starved(seconds: int = 20, exit_at: int | None = None, trainers: int = 1):
-    def make(t):
-        out = []
-        for k in range(trainers):
-            tr = trainer(workers=2 + k, worker_cpu=97.0, wait=0.62, pid=TRAINER + 1000 * k)
-            if exit_at is not None and t >= exit_at:
-                tr = replace(tr, status="exited", workers=tuple(replace(w, status="exited") for w in tr.workers))
-            out.append(tr)
-        return snapshot(t, out, host(cpu=30.0))
-
-    return story(seconds, make)
-
-
-async def wait_until(pilot, predicate, timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        assert loop.time() < deadline, "timed out waiting for the app"
-        await pilot.pause(0.02)
-
-
-def text_of(app, widget_type) -> str:
-    return str(app.query_one(widget_type).render())
 
 
 async def test_starved_stream_shows_verdict_workers_and_the_fix(tmp_path):
@@ -176,17 +150,6 @@ async def test_the_header_counts_the_cpus_a_quota_leaves_not_the_hosts():
         await wait_until(pilot, lambda: app.ended and app.ticks_shown > 0)
         header = text_of(app, HeaderPanel)
         assert "1 CPU usable (quota)" in header and "2 CPUs" not in header
-
-
-def moving(seconds: int = 40, with_gpu: bool = True):
-    """A trainer whose data wait climbs 10% -> 80% while its GPU empties; worker 0's CPU climbs too."""
-    def make(t):
-        wait = 0.1 + 0.7 * t / (seconds - 1)
-        tr = trainer(workers=2, worker_cpu=97.0, wait=wait, gpus=(0,) if with_gpu else ())
-        tr = replace(tr, workers=(replace(tr.workers[0], cpu_percent=10.0 + 2 * t), *tr.workers[1:]))
-        return snapshot(t, [tr], host(cpu=30.0 + t), gpus=[gpu(0, util=90.0 - 2 * t)] if with_gpu else [])
-
-    return story(seconds, make)
 
 
 async def test_history_draws_data_wait_gpu_and_host_cpu_on_one_time_axis_and_w_changes_the_window():

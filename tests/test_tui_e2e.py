@@ -8,10 +8,10 @@ import time
 import uuid
 
 import pytest
-from jobs import PYTHON, REPO, descendants, state, wait_for, worker_pids
+from support.jobs import PYTHON, REPO, descendants, state, wait_for, worker_pids
 
 # A real demo job in a real terminal (tmux).
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not shutil.which("tmux"), reason="needs tmux")]
+pytestmark = [pytest.mark.live, pytest.mark.skipif(not shutil.which("tmux"), reason="needs tmux")]
 
 
 class Tmux:

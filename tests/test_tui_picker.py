@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from test_tui import text_of, wait_until
+from support.tui import text_of, wait_until
 
 from loadertop.tui.app import LoadertopApp
 from loadertop.tui.source import LiveSource

@@ -4,7 +4,7 @@ Regenerate after an intended change: pytest tests/test_tui_snapshots.py --snapsh
 from __future__ import annotations
 
 import pytest
-from test_tui import moving, starved, wait_until
+from support.tui import moving, starved, wait_until
 
 from loadertop.tui.app import LoadertopApp
 from loadertop.tui.source import ScriptedSource
@@ -34,7 +34,7 @@ def test_history_screen(snap_compare):
 
 def test_job_of_two_ranks_screen(snap_compare):
     # One job, two ranks: rank 1's loader is behind, rank 0 waits for it in the all-reduce.
-    from test_ranks import INPUT, job_story
+    from support.ranks import INPUT, job_story
 
     app = LoadertopApp(ScriptedSource(job_story(INPUT, 20), interval_s=0.01))
     assert snap_compare(app, terminal_size=(120, 36), run_before=_settle)

@@ -11,7 +11,7 @@ import textwrap
 import time
 
 import pytest
-from jobs import PYTHON, REPO, descendants, loadertop, state, wait_for
+from support.jobs import PYTHON, REPO, descendants, loadertop, state, wait_for
 
 from loadertop.probes.host import usable_cpus
 from loadertop.started import can_unshare_shm, shm_wrapper
@@ -122,7 +122,7 @@ def rates(result: dict) -> dict[int, float]:
     return {c["num_workers"]: c["rate"] for c in result["configs"]}
 
 
-@pytest.mark.slow
+@pytest.mark.live
 def test_sleeping_dataset_gets_more_workers_than_cores(tmp_path):
     result, r = tune_json(tmp_path, "loadertop.tune.examples:sleepy", "--workers", "1,2,8", "--prefetch", "2",
                           "--budget", "16")
@@ -139,7 +139,7 @@ def test_sleeping_dataset_gets_more_workers_than_cores(tmp_path):
     assert all(c["first_batch_s"] is not None and c["worker_cpu_percent"] is not None for c in result["configs"])
 
 
-@pytest.mark.slow
+@pytest.mark.live
 def test_cpu_bound_dataset_saturates_at_the_usable_cpus(tmp_path, monkeypatch):
     from loadertop.demo_job import calibrate
 
@@ -163,7 +163,7 @@ def test_cpu_bound_dataset_saturates_at_the_usable_cpus(tmp_path, monkeypatch):
     assert busy[0] > 50, "a CPU-bound worker computes most of the time"
 
 
-@pytest.mark.slow
+@pytest.mark.live
 def test_emulated_step_reports_data_wait(tmp_path):
     result, r = tune_json(tmp_path, "loadertop.tune.examples:sleepy", "--workers", "1,8", "--prefetch", "2",
                           "--per-step-ms", "20", "--budget", "12")
@@ -174,7 +174,7 @@ def test_emulated_step_reports_data_wait(tmp_path):
     assert "data wait" in r.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.live
 @pytest.mark.skipif(not can_unshare_shm(), reason="unshare of a mount namespace is not permitted here")
 def test_settings_that_overflow_a_small_dev_shm_are_left_out(tmp_path):
     out = tmp_path / "tune.json"
@@ -288,7 +288,7 @@ def test_a_hanging_factory_times_out(tmp_path):
     assert time.monotonic() - started < 30
 
 
-@pytest.mark.slow
+@pytest.mark.live
 def test_ctrl_c_stops_early_reports_and_leaves_nothing_running(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([PYTHON, "-m", "loadertop", "tune", "loadertop.tune.examples:sleepy",

@@ -16,7 +16,7 @@ from loadertop.started import stop_job
 __all__ = ["PYTHON", "REPO", "Job", "comm", "descendants", "loadertop", "state", "wait_for", "worker_pids"]
 
 PYTHON = sys.executable
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parent.parent.parent
 
 
 def wait_for(predicate, timeout: float = 30.0, interval: float = 0.1, what: str = "condition"):
