@@ -424,6 +424,7 @@ class Sampler:
             return replace(t, data_wait=self.stacks.data_wait(t.pid) or t.data_wait)
         workers = []
         loaders: dict[tuple, list[int]] = {}
+        kinds: dict[tuple, bool] = {}  # a loader's dataset is iterable: as any worker's fetcher said
         for w in t.workers:
             info = self.stacks.worker(w.pid)
             if info is None:
@@ -432,15 +433,20 @@ class Sampler:
             workers.append(replace(w, worker_id=info.worker_id, doing=info.doing, doing_at=info.read_at))
             self.processes.python_helpers[w.pid] = info.python_threads
             if info.num_workers is not None:
-                key = (info.dataset_class, info.num_workers, info.persistent_workers, info.iterable)
+                # A loader is what its workers' _worker_loop says of it. Not which fetcher a dump
+                # caught each in (None between batches): one webdataset loader of 4 workers was
+                # shown as two, w0 and w3 beside w1 and w2.
+                key = (info.dataset_class, info.num_workers, info.persistent_workers)
                 loaders.setdefault(key, []).append(w.pid)
+                if info.iterable is not None:
+                    kinds.setdefault(key, info.iterable)
         data_wait = self.stacks.data_wait(t.pid)
         return replace(
             t,
             data_wait=data_wait,
             workers=tuple(workers),
             main=replace(t.main, doing=main_doing(data_wait)),
-            loaders=tuple(LoaderConfig(k[0], k[1], k[2], tuple(v), iterable=k[3]) for k, v in loaders.items()),
+            loaders=tuple(LoaderConfig(k[0], k[1], k[2], tuple(v), iterable=kinds.get(k)) for k, v in loaders.items()),
         )
 
     def _with_hook(self, t: TrainerSnapshot, now: float) -> TrainerSnapshot:

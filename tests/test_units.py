@@ -310,3 +310,35 @@ def test_the_hosts_per_cpu_load_is_known_a_second_after_the_first_reading(monkey
     assert per_cpu.busy_cpus((0, 1)) == pytest.approx(1.5)
     per_cpu.refresh(1.0 + host._PerCpu.PERIOD_S)
     assert per_cpu.busy_cpus((0, 1)) == pytest.approx(1.1)
+
+
+def test_one_loaders_workers_are_one_loader_whatever_fetcher_each_dump_caught():
+    # Issue 45: a webdataset loader of 4 workers was shown as two loaders (w0 and w3 beside w1
+    # and w2): each worker's first dump caught it in the iterable fetcher or between batches,
+    # and that reading was part of what told loaders apart.
+    from support.synth import trainer
+
+    from loadertop.probes.pyspy import WorkerInfo
+    from loadertop.sampler import Sampler
+
+    t = trainer(workers=4, loaders=())
+    caught = {w.pid: WorkerInfo(k, 4, False, "WebDataset", None, iterable=True if k in (0, 3) else None)
+              for k, w in enumerate(t.workers)}
+
+    class Stacks:
+        def worker(self, pid):
+            return caught[pid]
+
+        def data_wait(self, trainer_pid):
+            return None
+
+        def close(self):
+            pass
+
+    sampler = Sampler([], stacks=Stacks())
+    try:
+        (loader,) = sampler._with_stacks(t).loaders
+    finally:
+        sampler.close()
+    assert loader.worker_pids == tuple(w.pid for w in t.workers) and loader.num_workers == 4
+    assert loader.iterable is True  # as the fetchers said where a dump caught one

@@ -548,10 +548,14 @@ class StackSampler:
                 self._told[pid] = (info.worker_loop is not None, now)
             if info.worker_loop is None:
                 return
+        # Which fetcher a dump caught the worker in says what its dataset is; a dump between
+        # batches says nothing, and keeps what an earlier one said.
+        iterable = info.iterable if info.iterable is not None else known.iterable if known is not None else None
         if known is not None and info.worker_id is None:
-            iterable = info.iterable if info.iterable is not None else known.iterable
             info = replace(known, doing=info.doing, python_threads=info.python_threads | known.python_threads,
                            read_at=info.read_at, iterable=iterable)
+        else:
+            info = replace(info, iterable=iterable)
         with self._lock:
             self._workers[pid] = info
 
