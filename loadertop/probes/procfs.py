@@ -9,6 +9,7 @@ that another user can run it under a bare system Python.
 
 from __future__ import annotations
 
+import errno
 import os
 import resource
 from dataclasses import dataclass
@@ -69,8 +70,9 @@ def _read_bytes(path: str) -> bytes | None:
     except (FileNotFoundError, ProcessLookupError):
         return None
     except OSError as e:
-        # ESRCH shows up as a plain OSError on some kernels while a process is exiting.
-        if e.errno == 3:
+        # A process exiting shows up as ESRCH on some kernels, and as EINVAL opening its
+        # mountinfo (a trial of `tune` ended while its /dev/shm was read: a traceback).
+        if e.errno in (errno.ESRCH, errno.EINVAL):
             return None
         raise
     try:
