@@ -213,7 +213,10 @@ def test_crashed_trainer_is_reported_with_how_it_died_and_its_last_data(job):
     proc = subprocess.Popen([PYTHON, "-m", "loadertop", "snapshot", str(j.pid), "--duration", "5", "--interval",
                              "0.5", "--json", "--no-stacks"], env=env, stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(2)  # a few ticks of data first
+        # A few ticks of data first: once the snapshot reads the workers (it keeps their /proc
+        # files open), two more ticks. A fixed 2 s was less than its start-up beside a CPU hog.
+        wait_for(lambda: _reads(proc.pid, workers), 60, what="the snapshot to read the workers")
+        time.sleep(1.0)
         os.kill(j.pid, signal.SIGKILL)
         time.sleep(0.3)
         j.proc.wait()  # reaped at once, as a shell would
@@ -227,6 +230,15 @@ def test_crashed_trainer_is_reported_with_how_it_died_and_its_last_data(job):
     assert {w["pid"] for w in trainer["workers"]} == workers  # the last data is kept
     crash = [n for n in report["notices"] if n["id"] == "trainer_crashed"]
     assert crash and "killed by SIGKILL" in crash[0]["message"] and "OOM" in crash[0]["fix"], report["notices"]
+
+
+def _reads(pid: int, targets: set[int]) -> bool:
+    """The process holds /proc files of every target open (loadertop keeps what it reads each tick)."""
+    try:
+        links = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+    except OSError:
+        return False
+    return all(any(link.startswith(f"/proc/{t}/") for link in links) for t in targets)
 
 
 def test_memory_readings_are_shared_fairly_between_jobs(job):

@@ -118,6 +118,19 @@ def tune_json(tmp_path, *args: str) -> tuple[dict, subprocess.CompletedProcess]:
     return json.loads(out.read_text()), r
 
 
+def free_cpus(seconds: float = 1.0) -> float:
+    """CPUs no one used over the last `seconds`, from /proc/stat (what other work leaves)."""
+    def times() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            values = [int(v) for v in f.readline().split()[1:]]
+        return values[3] + values[4], sum(values)  # idle + iowait, all
+
+    idle0, total0 = times()
+    time.sleep(seconds)
+    idle1, total1 = times()
+    return (os.cpu_count() or 1) * (idle1 - idle0) / max(1, total1 - total0)
+
+
 def rates(result: dict) -> dict[int, float]:
     return {c["num_workers"]: c["rate"] for c in result["configs"]}
 
@@ -141,13 +154,14 @@ def test_sleeping_dataset_gets_more_workers_than_cores(tmp_path):
 
 @pytest.mark.live
 def test_cpu_bound_dataset_saturates_at_the_usable_cpus(tmp_path, monkeypatch):
-    from loadertop.demo_job import calibrate
+    from loadertop.demo.job import calibrate
 
     # Timed once here: every trial's items then do the same loop count (a trial that timed
     # itself on a busy moment made its items cheaper, and 4 workers on 2 CPUs look faster).
     monkeypatch.setenv("LOADERTOP_WORK_PER_MS", f"{calibrate():.3f}")
     cpus = usable_cpus(0)
     many = 2 * cpus
+    free = free_cpus()
     result, _ = tune_json(tmp_path, "loadertop.tune.examples:cpu_bound", "--workers", f"1,{cpus},{many}",
                           "--prefetch", "2", "--budget", "20")
     got = rates(result)
@@ -155,8 +169,12 @@ def test_cpu_bound_dataset_saturates_at_the_usable_cpus(tmp_path, monkeypatch):
     # Some is still won there (extra workers take the CPUs from the trial's main process and
     # fill them while others hand batches over), and this VM's speed drifts by 10-20%
     # between settings, so the bounds compare each worker's yield, not exact linearity.
-    below = (got[cpus] - got[1]) / (cpus - 1)
-    assert below > 0.35 * got[1], got
+    # Beside other work the CPUs free are fewer: beside two busy loops on 2 CPUs 1, 2 and 4
+    # workers ran alike (459, 461, 450 items/s), as they should. The rise is asked for only
+    # where the CPUs were free.
+    if free >= cpus - 0.5:
+        below = (got[cpus] - got[1]) / (cpus - 1)
+        assert below > 0.35 * got[1], (got, free)
     assert got[many] / many < 0.8 * got[cpus] / cpus, got
     assert got[many] < 1.5 * got[cpus], got
     busy = [c["worker_cpu_percent"] for c in result["configs"] if c["num_workers"] == 1]
