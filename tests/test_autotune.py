@@ -553,6 +553,25 @@ def test_a_role_is_taken_once_the_gap_held_twice_and_given_up_below_half_of_it()
     assert seen == ["leader", "leader", "leader", "leader", "waiting", "waiting", "leader"]
 
 
+
+def test_a_straggler_tunes_on_its_own_and_no_rank_follows_it():
+    # Issue 45: a slow shard's rank tried 8 workers (3.3x the batches); its wait then fell to
+    # its peer's, it became a follower of rank 0 and went back to rank 0's 1 worker in silence,
+    # three times. A rank that was the straggler has a loader unlike its peers': its own.
+    from loadertop.autotune.peers import Entry, Roles, role_of
+
+    one, eight = Knobs(1, 2), Knobs(8, 2)
+    roles = Roles()
+    seen = [roles.next(1, mine, e, [Entry(0, e, theirs, one)]).role
+            for e, (mine, theirs) in enumerate([(0.8, 0.05), (0.8, 0.05), (0.06, 0.05), (0.05, 0.06)], start=1)]
+    assert seen == ["follower", "straggler", "alone", "alone"] and roles.own
+    entry = Entry(1, 5, 0.05, eight, own=roles.own)
+    assert Entry.from_json(entry.as_json()) == entry
+    assert Entry.from_json(entry.as_json().replace('"own": true', '"own": 1')) is None  # a bool, exactly
+    # Rank 2, alike with rank 0, still follows rank 0; no one follows the straggler's own setting.
+    assert role_of(2, 0.05, 5, [entry, Entry(0, 5, 0.05, one)]).follow == one
+    assert role_of(2, 0.05, 5, [entry]).role == "alone"
+
 def test_a_settled_tuner_reads_the_workers_that_run_not_the_ones_its_trial_sent_away(quiet_host):
     # Workers that start afresh after it settled (every epoch here; the kept setting's after a
     # trial's went back, in the starved demo): a settled tuner that kept reading the gone ones

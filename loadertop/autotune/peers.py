@@ -73,11 +73,14 @@ class Entry:
     plan_from: int | None = None  # a leader's change: the epoch it starts at...
     plan: Knobs | None = None  # ...and the setting
     at: float = 0.0
+    # Its loader is not like its peers' (it was the job's straggler): it tunes on its own, and
+    # no rank follows it.
+    own: bool = False
 
     def as_json(self) -> str:
         return json.dumps({"rank": self.rank, "epoch": self.epoch, "wait": self.wait,
                            "setting": self.setting.as_dict(), "plan_from": self.plan_from,
-                           "plan": self.plan.as_dict() if self.plan else None, "at": self.at})
+                           "plan": self.plan.as_dict() if self.plan else None, "at": self.at, "own": self.own})
 
     @staticmethod
     def from_json(text: str | bytes) -> Entry | None:
@@ -89,19 +92,19 @@ class Entry:
             return None
         if not isinstance(d, dict):
             return None
-        rank, epoch, wait, at = d.get("rank"), d.get("epoch"), d.get("wait"), d.get("at", 0.0)
+        rank, epoch, wait, at, own = d.get("rank"), d.get("epoch"), d.get("wait"), d.get("at", 0.0), d.get("own", False)
         plan_from, plan = d.get("plan_from"), d.get("plan")
         setting = _knobs(d.get("setting"))
         if not (_int(rank) and _int(epoch)) or setting is None:
             return None
-        if not ((wait is None or _real(wait)) and _real(at)):
+        if not ((wait is None or _real(wait)) and _real(at)) or not isinstance(own, bool):
             return None
         if (plan is None) != (plan_from is None) or not (plan_from is None or _int(plan_from)):
             return None
         knobs = None if plan is None else _knobs(plan)
         if plan is not None and knobs is None:
             return None
-        return Entry(rank, epoch, None if wait is None else float(wait), setting, plan_from, knobs, float(at))
+        return Entry(rank, epoch, None if wait is None else float(wait), setting, plan_from, knobs, float(at), own)
 
 
 def _int(value: object) -> TypeGuard[int]:
@@ -189,7 +192,11 @@ def role_of(me: int, wait: float | None, epoch: int, peers: list[Entry], gap: fl
             return RankRole("straggler")
         if found is not None and me in found[1]:
             return RankRole("waiting", found[0])
-    leader = min(peers, key=lambda p: p.rank)
+    # Only a rank whose loader is like this one's leads it: a straggler's setting is its own.
+    alike = [p for p in peers if not p.own]
+    if not alike:
+        return RankRole("alone")
+    leader = min(alike, key=lambda p: p.rank)
     if me < leader.rank:
         return RankRole("leader")
     follow = leader.plan if leader.plan is not None and leader.plan_from is not None \
@@ -206,6 +213,10 @@ class Roles:
         self.role = RankRole("alone")
         self.pending: Role | None = None
         self.seen_peers = False
+        # Once this rank was the job's straggler its loader is not like its peers': it tunes on
+        # its own from then on. Following the leader undid its faster setting in silence (a slow
+        # shard's rank went 1 -> 8 workers, 3.3x the batches, and back to the leader's 1).
+        self.own = False
 
     def next(self, me: int, wait: float | None, epoch: int, peers: list[Entry]) -> RankRole:
         if not peers and self.seen_peers:
@@ -214,6 +225,14 @@ class Roles:
             # going alone would start trials its peers do not make.
             return self.role
         self.seen_peers = self.seen_peers or bool(peers)
+        role = self._next(me, wait, epoch, peers)
+        self.own = self.own or role.role == "straggler"
+        if self.own and role.role in ("leader", "follower"):
+            self.role = RankRole("alone")
+            return self.role
+        return role
+
+    def _next(self, me: int, wait: float | None, epoch: int, peers: list[Entry]) -> RankRole:
         raw = role_of(me, wait, epoch, peers)
         held = self.role.role in ("waiting", "straggler")
         if raw.role in ("waiting", "straggler"):

@@ -522,11 +522,15 @@ class Tuner:
             return R.RankRole("alone")
         if self.epoch <= 2 and self.last_epoch_s < MAX_STRETCH_S:
             self.last_wait = None  # a short first epoch's: the ranks started apart (_decide)
+        own = self.roles.own
         try:
             role = self.roles.next(self.peers.rank, self.last_wait, self.epoch, self.peers.others(epoch=self.epoch))
         except Exception as e:
             self._alone(e)
             return R.RankRole("alone")
+        if self.roles.own and not own:
+            log.info("loadertop tune %s: epoch %d: rank %d is the job's straggler: its loader is not like its "
+                     "peers', it tunes on its own from now on", self.name, self.epoch, self.peers.rank)
         if role.role not in ("waiting", "follower") and self.role.role in ("waiting", "follower"):
             self.reason = ""
             if self.explorer is not None and self.ran is not None and self.ran != self.explorer.current:
@@ -583,6 +587,8 @@ class Tuner:
                     self.refused = role.follow
                     log.warning("loadertop tune %s: %s", self.name, self.reason)
             else:
+                log.info("loadertop tune %s: epoch %d: %s: follows rank %s", self.name, self.epoch,
+                         self.ran.arrow(role.follow) if self.ran is not None else role.follow.label(), role.peer)
                 with self._applying():
                     self._set(inner, role.follow)
         explorer = self.explorer
@@ -602,7 +608,7 @@ class Tuner:
         plan_from, plan = self.plan if self.plan is not None else (None, None)
         try:
             self.peers.tell(R.Entry(self.peers.rank, self.epoch, self.last_wait, self._knobs(inner), plan_from, plan,
-                                    time.time()))
+                                    time.time(), own=self.roles.own))
         except Exception as e:
             self._alone(e)
 
