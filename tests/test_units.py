@@ -342,3 +342,22 @@ def test_one_loaders_workers_are_one_loader_whatever_fetcher_each_dump_caught():
         sampler.close()
     assert loader.worker_pids == tuple(w.pid for w in t.workers) and loader.num_workers == 4
     assert loader.iterable is True  # as the fetchers said where a dump caught one
+
+
+def test_a_proc_file_of_a_process_that_is_exiting_reads_as_gone(monkeypatch):
+    # Found beside a CPU hog: `tune` read the mountinfo of a trial that was ending, the open
+    # failed with EINVAL, and the user got a traceback instead of the factory's error.
+    import errno
+    import os
+
+    from loadertop.probes import procfs
+
+    for code in (errno.EINVAL, errno.ESRCH):
+        def refuse(path, flags, code=code):
+            raise OSError(code, os.strerror(code), path)
+
+        monkeypatch.setattr(os, "open", refuse)
+        assert procfs.mountinfo_line(1, "/dev/shm") is None
+    monkeypatch.setattr(os, "open", lambda path, flags: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
+    with pytest.raises(OSError):
+        procfs.mountinfo_line(1, "/dev/shm")  # anything else is not an exit: said, not hidden
