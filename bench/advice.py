@@ -40,7 +40,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from loadertop.demo_job import calibrate  # noqa: E402
+from loadertop.demo.job import calibrate  # noqa: E402
 from loadertop.probes.procfs import descendants  # noqa: E402
 from loadertop.started import shm_wrapper, stop_job  # noqa: E402
 
@@ -187,7 +187,7 @@ class Run:
         self.dir = Path(tempfile.mkdtemp(prefix="loadertop-advice-"))
         self.truth = self.dir / "truth.json"
         self.ready = self.dir / "ready"
-        module = ["-m", "loadertop.demo_job", *case.flags, *setting.flags(),
+        module = ["-m", "loadertop.demo.job", *case.flags, *setting.flags(),
                   "--work-per-ms", f"{work_per_ms:.3f}", "--duration", str(duration),
                   "--truth", str(self.truth), "--ready", str(self.ready)]
         cmd = [sys.executable, *module]

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import advice as A  # noqa: E402  (the matrix, its jobs and its runs)
 
-from loadertop.demo_job import calibrate  # noqa: E402
+from loadertop.demo.job import calibrate  # noqa: E402
 
 NOISE = 0.05  # an epoch's rate moves this much at a fixed setting on this VM (bench/advice.py's rounds)
 

@@ -45,7 +45,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from advice import Run, cases, clear_quota, set_quota  # noqa: E402
 
 from loadertop import cli  # noqa: E402
-from loadertop.demo_job import calibrate  # noqa: E402
+from loadertop.demo.job import calibrate  # noqa: E402
 from loadertop.outputs import summary  # noqa: E402
 from loadertop.outputs.export import Exporter  # noqa: E402
 from loadertop.outputs.record import Recorder  # noqa: E402
@@ -148,13 +148,13 @@ def live(target: int, args, path: str) -> dict:
 
 def views(path: str) -> dict:
     """The verdict each view gives of one recording, at its last tick at work."""
-    snaps = cli._read_recording(path).snapshots
+    snaps = cli.read_recording(path).snapshots
     at_work = summary.while_running(snaps)
     header = Diagnoser()
     for s in at_work:
         header.feed(s)
     t = at_work[-1].trainers[0]
-    rec = cli._read_recording(path)
+    rec = cli.read_recording(path)
 
     def answer(diagnosis) -> str:
         """The header's answer: the job's verdict for a job of several ranks, else the trainer's."""
@@ -164,7 +164,7 @@ def views(path: str) -> dict:
     said = {"live header": answer(header.diagnosis)}
     _, replayed = ScriptedSource(snaps, judged=rec.judged).seek(len(at_work))
     said["replay"] = answer(replayed)
-    report = cli._report_of_recording(snaps, rec.judged)
+    report = cli.report_of_recording(snaps, rec.judged)
     said["snapshot --from"] = report["verdict"]
     text = summary.render(report, summary.ended(snaps))
     said["summary"] = next((line.split("**")[1] for line in text.splitlines()

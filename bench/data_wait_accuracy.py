@@ -40,7 +40,7 @@ class Job:
     def __init__(self, flags: list[str]):
         self.truth_path = Path(tempfile.mkdtemp()) / "truth.json"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "loadertop.demo_job", "--persistent", "--duration", "900",
+            [sys.executable, "-m", "loadertop.demo.job", "--persistent", "--duration", "900",
              "--truth", str(self.truth_path), *flags],
             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 60

@@ -19,7 +19,7 @@ echo "== gpu_check"
 OUT=$OUT bash bench/gpu_check.sh 2>&1 | tee "$OUT/gpu_check.txt"
 
 echo "== a CUDA job tuned in place: 1 worker for 20 ms items, a 5 ms GPU step"
-$PY -m loadertop.demo_job --device cuda --workers 1 --item-ms 20 --batch-size 8 --step-ms 5 --persistent \
+$PY -m loadertop.demo.job --device cuda --workers 1 --item-ms 20 --batch-size 8 --step-ms 5 --persistent \
     --tune --epoch-items 800 --duration 60 --truth "$OUT/tuned.json" >"$OUT/tuned.log" 2>&1
 $PY - "$OUT/tuned.json" <<'PY' | tee "$OUT/tuned.txt"
 import json, sys

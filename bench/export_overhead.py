@@ -45,7 +45,7 @@ def main() -> None:
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.ranks}"]
                 if args.ranks else [sys.executable])
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    job = subprocess.Popen([*launcher, "-m", "loadertop.demo_job", "--workers", str(args.workers), "--persistent",
+    job = subprocess.Popen([*launcher, "-m", "loadertop.demo.job", "--workers", str(args.workers), "--persistent",
                             "--sleep-ms", "20", "--batch-size", "4", "--step-ms", "20", "--duration",
                             str(args.seconds + args.warmup + 60), *(["--dist"] if args.ranks else [])], cwd=REPO,
                            env=env,

@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from advice import CGROUP, Run, cases, clear_quota, set_quota  # noqa: E402
 
-from loadertop.demo_job import calibrate  # noqa: E402
+from loadertop.demo.job import calibrate  # noqa: E402
 from loadertop.rules.verdict import job_verdict  # noqa: E402
 from loadertop.tui.source import LiveSource  # noqa: E402
 

@@ -11,7 +11,7 @@ $PY -m pip install -q -e . >/dev/null 2>&1 || true
 
 run() {  # name, job flags...
   local name=$1; shift
-  $PY -m loadertop.demo_job --device cuda --persistent --duration 120 "$@" >"$OUT/$name.log" 2>&1 &
+  $PY -m loadertop.demo.job --device cuda --persistent --duration 120 "$@" >"$OUT/$name.log" 2>&1 &
   local pid=$!
   sleep 15
   $PY -m loadertop snapshot "$pid" --duration 15 --json >"$OUT/$name.json"

@@ -117,7 +117,7 @@ def main() -> None:
     args = p.parse_args()
     py = sys.executable
     truth = tempfile.mktemp(suffix=".json")
-    job = subprocess.Popen([py, "-m", "loadertop.demo_job", "--workers", str(args.workers), "--persistent",
+    job = subprocess.Popen([py, "-m", "loadertop.demo.job", "--workers", str(args.workers), "--persistent",
                             "--item-ms", "6", "--batch-size", "4", "--step-ms", "10", "--truth", truth,
                             "--duration", "100000"], cwd=REPO, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, start_new_session=True)

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import advice as A  # noqa: E402  (its jobs and runs)
 
-from loadertop.demo_job import calibrate  # noqa: E402
+from loadertop.demo.job import calibrate  # noqa: E402
 
 COMMON = ("--dist", "--ddp", "--batch-size", "8")
 JOBS = {

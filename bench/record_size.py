@@ -23,7 +23,7 @@ def main() -> None:
     p.add_argument("--seconds", type=int, default=60)
     p.add_argument("--workers", type=int, default=16)
     args = p.parse_args()
-    job = subprocess.Popen([sys.executable, "-m", "loadertop.demo_job", "--workers", str(args.workers), "--persistent",
+    job = subprocess.Popen([sys.executable, "-m", "loadertop.demo.job", "--workers", str(args.workers), "--persistent",
                             "--sleep-ms", "50", "--batch-size", "4", "--step-ms", "20", "--duration",
                             str(args.seconds + 90)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                            start_new_session=True)

@@ -42,7 +42,7 @@ def start_jobs(trainers: int, workers: int) -> list[subprocess.Popen]:
     jobs = []
     for _ in range(trainers):
         jobs.append(subprocess.Popen(
-            [sys.executable, "-m", "loadertop.demo_job", "--workers", str(workers), "--persistent",
+            [sys.executable, "-m", "loadertop.demo.job", "--workers", str(workers), "--persistent",
              "--sleep-ms", "2000", "--batch-size", "1", "--step-ms", "1", "--duration", "100000"],
             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
     deadline = time.monotonic() + 300

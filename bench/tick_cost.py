@@ -92,7 +92,7 @@ class NoGpu:
 
 
 def measure(n: int, rounds: int) -> dict:
-    cmd = [sys.executable, "-m", "loadertop.demo_job", "--workers", str(n), "--persistent",
+    cmd = [sys.executable, "-m", "loadertop.demo.job", "--workers", str(n), "--persistent",
            "--sleep-ms", "2000", "--step-ms", "1", "--batch-size", "1", "--duration", "600"]
     job = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                            start_new_session=True)

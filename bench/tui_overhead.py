@@ -82,7 +82,7 @@ def main() -> None:
     args = p.parse_args()
     load = (["--item-ms", "6", "--batch-size", "4", "--step-ms", "10"] if args.busy
             else ["--sleep-ms", "20", "--batch-size", "4", "--step-ms", "20"])
-    job = subprocess.Popen([sys.executable, "-m", "loadertop.demo_job", "--workers", str(args.workers),
+    job = subprocess.Popen([sys.executable, "-m", "loadertop.demo.job", "--workers", str(args.workers),
                             "--persistent", *load, "--duration", str(args.seconds + args.warmup + 60)], cwd=REPO,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     cols, rows = args.size.split("x")

@@ -40,7 +40,7 @@ def test_scrape_shows_the_job_and_its_workers(job):
 
 
 def test_default_listen_address_is_loopback():
-    from loadertop.cli import _parser
+    from loadertop.cli.arguments import parser as _parser
 
     args = _parser().parse_args(["export", "1"])
     assert args.listen.startswith("127.0.0.1:")

@@ -188,7 +188,7 @@ def _node(name: str, node_rank: int, master_port: int, agent_port: int) -> subpr
     """One "node" of a two-node job on this machine: a PID and UTS namespace of its own (its
     hostname, only its processes), its node agent, and its half of the torchrun launch."""
     job = " ".join([TORCHRUN, "--nnodes=2", "--nproc_per_node=1", f"--node_rank={node_rank}",
-                    "--master_addr=127.0.0.1", f"--master_port={master_port}", "-m", "loadertop.demo_job",
+                    "--master_addr=127.0.0.1", f"--master_port={master_port}", "-m", "loadertop.demo.job",
                     *COMMON, *JOBS["slow-loader"]])
     agent = f"{sys.executable} -m loadertop export --all --listen 127.0.0.1:{agent_port} --interval 1"
     script = f"hostname {name}; {agent} 2>/dev/null & exec {job}"

@@ -79,7 +79,7 @@ def test_loadertop_itself_is_no_job_but_its_demo_is():
     assert runs_loadertop(["/usr/local/bin/loadertop", "export", "--all"])
     assert runs_loadertop(["/usr/bin/python3", "/usr/local/bin/loadertop", "export", "--all"])
     assert runs_loadertop(["python", "-m", "loadertop", "snapshot", "12"])
-    assert not runs_loadertop(["python", "-m", "loadertop.demo_job", "--workers", "1"])
+    assert not runs_loadertop(["python", "-m", "loadertop.demo.job", "--workers", "1"])
     assert not runs_loadertop(["python", "train.py"])
 
 

@@ -17,12 +17,12 @@ import loadertop
 
 PACKAGE = Path(loadertop.__file__).parent
 # Code that runs inside a training job or a tune trial, where torch is already loaded.
-IN_THE_TRAINER = {"demo_job.py", "demo_images.py", "tune/examples.py", "tune/trial.py", "inside/lightning.py",
+IN_THE_TRAINER = {"demo/job.py", "demo/images.py", "tune/examples.py", "tune/trial.py", "inside/lightning.py",
                   "inside/huggingface.py"}
 # Packages that load torch when imported.
 TORCH = ("torch", "torchdata", "lightning", "pytorch_lightning", "transformers", "accelerate")
 # The entry point may start the live view; nothing else outside the TUI may import it.
-STARTS_THE_TUI = {"cli.py"}
+STARTS_THE_TUI = {"cli/monitor.py", "cli/fleet_command.py", "cli/arguments.py"}  # arguments: the live tick
 
 
 def _modules() -> list[Path]:

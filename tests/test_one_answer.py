@@ -65,7 +65,7 @@ def test_every_view_of_one_recording_gives_the_verdict_judged_at_its_last_tick_a
     report = json.loads(capsys.readouterr().out)
     assert report["verdict"] == report["trainers"][0]["verdict"] == said.text
     # The summary beside the recording.
-    text = summary.render(cli._report_of_recording(snaps), summary.ended(snaps), recording=path)
+    text = summary.render(cli.report_of_recording(snaps), summary.ended(snaps), recording=path)
     assert f"Last verdict: **{said.text}**" in text
     # diff of the recording with itself: the same verdict, no setting changed.
     out = tmp_path / "diff.json"
@@ -150,8 +150,10 @@ def test_record_summarises_what_it_wrote_never_its_file_read_back(tmp_path, monk
 
     monkeypatch.setattr(sampler, "Sampler", Replay)
     monkeypatch.setattr(sampler, "run_ticks", ticks)
-    monkeypatch.setattr(cli, "_check_pids", lambda pids: None)
-    monkeypatch.setattr(cli, "_read_recording", never)
+    from loadertop.cli import record_command, report_files
+
+    monkeypatch.setattr(record_command, "check_pids", lambda pids: None)
+    monkeypatch.setattr(report_files, "read_recording", never)
     out = tmp_path / "run.ltrec"
     assert cli.main(["record", "4000", "-o", str(out), "--no-stacks"]) == 0
     summary_md = (tmp_path / "run.summary.md").read_text()

@@ -83,7 +83,7 @@ def test_every_view_of_a_recording_shows_the_judgement_stored_with_it(tmp_path, 
     assert d.verdict(snaps[9].trainers[0]).text == "INPUT-BOUND 41%"
     assert not replay.diagnoser.diagnosis.verdicts  # every tick's judgement was stored: none made again
     # the summary and diff
-    text = summary.render(cli._report_of_recording(snaps, read(path).judged), False, recording=path)
+    text = summary.render(cli.report_of_recording(snaps, read(path).judged), False, recording=path)
     assert "Last verdict: **INPUT-BOUND 41%**" in text
     out = tmp_path / "diff.json"
     assert cli.main(["diff", path, path, "-o", str(out)]) == 0

@@ -268,7 +268,7 @@ def test_every_view_of_a_recording_gives_one_answer(name, k, tmp_path, capsys, p
         report = json.loads(capsys.readouterr().out)
         row = next(r for r in report["trainers"] if r["pid"] == t.pid)
         assert row["verdict"] == stored.verdict(t).text, "snapshot --from, the trainer's row"
-        text = summary.render(cli._report_of_recording(rec.snapshots, rec.judged), summary.ended(rec.snapshots))
+        text = summary.render(cli.report_of_recording(rec.snapshots, rec.judged), summary.ended(rec.snapshots))
         assert f"**{answer(stored, last.trainers[0])}**" in text, "the summary"
         out = tmp_path / "diff.json"
         assert cli.main(["diff", path, path, "-o", str(out)]) == 0
@@ -294,7 +294,7 @@ def test_every_view_of_a_recording_gives_one_answer(name, k, tmp_path, capsys, p
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_the_data_wait_read_is_near_the_jobs_own(name):
-    # The job measures the seconds it spends blocked in next(loader) itself (demo_job --truth);
+    # The job measures the seconds it spends blocked in next(loader) itself (loadertop/demo/job.py --truth);
     # the snapshot's reading over the same window is within sampling error of it.
     for k, window in enumerate(meta(name)["windows"]):
         rep = rep_of(name, k)

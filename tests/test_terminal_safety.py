@@ -122,7 +122,7 @@ def hostile_job(job):
     """A real training job whose command line holds the escape sequences: the -c program
     text is its argv, and it runs the built-in job."""
     program = (f"r'{HOSTILE}'; import runpy, sys; sys.argv = ['train.py'] + sys.argv[3:]; "
-               "runpy.run_module('loadertop.demo_job', run_name='__main__')")
+               "runpy.run_module('loadertop.demo.job', run_name='__main__')")
     j = job("--workers", "1", "--item-ms", "5", "--persistent", cmd=[sys.executable, "-c", program])
     j.wait_ready()
     j.wait_workers(1)

@@ -605,7 +605,7 @@ def test_the_demos_images_go_only_into_a_folder_of_the_users_own(tmp_path):
     # Another user made the shared folder first and planted a link where an image goes:
     # the demo (run as root) turned a root-only file into a JPEG.
     pytest.importorskip("PIL")
-    from loadertop.demo_images import UnsafeFolder, private_folder, write_images
+    from loadertop.demo.images import UnsafeFolder, private_folder, write_images
 
     victim = tmp_path / "victim"
     victim.write_text("root's own")

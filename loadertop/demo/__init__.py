@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 
-from .started import can_unshare_shm, shm_wrapper, stop_job
+from ..started import can_unshare_shm, shm_wrapper, stop_job
 
 __all__ = ["SCENARIOS", "start_job", "stop_job"]
 
@@ -66,7 +66,7 @@ def start_job(scenario: str, duration_s: float = 24 * 3600, argv0: str | None = 
     if tune:
         flags = [*flags, "--tune", "--epoch-items", str(TUNE_EPOCH_ITEMS)]
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"] if scenario == "ranks" else []
-    cmd = [argv0 or sys.executable, *launcher, "-m", "loadertop.demo_job", *flags, "--duration", str(duration_s)]
+    cmd = [argv0 or sys.executable, *launcher, "-m", "loadertop.demo.job", *flags, "--duration", str(duration_s)]
     env = None
     if argv0:
         # The interpreter finds its own prefix (and torch) from argv[0] on PATH.

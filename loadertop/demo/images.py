@@ -16,7 +16,7 @@ import random
 
 import torch
 
-from .files import own_folder, write_atomic
+from ..files import own_folder, write_atomic
 
 SIDE = 224  # the crop the model sees, as ImageNet's
 

@@ -69,14 +69,14 @@ class Item:
         self.threads_set = False
         self.images: list[str] = []
         if cfg["images"]:
-            from .demo_images import write_images
+            from .images import write_images
 
             self.images = write_images(cfg["image_dir"], cfg["images"])
 
     def make(self, i: int):
         cfg = self.cfg
         if self.images:
-            from .demo_images import decode
+            from .images import decode
 
             return decode(self.images[i % len(self.images)], seed=i), i % 10
         if cfg["item_units"]:
@@ -200,7 +200,7 @@ def build(args):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadertop.demo_job")
+    p = argparse.ArgumentParser(prog="python -m loadertop.demo.job")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--context", default="fork", choices=["fork", "spawn", "forkserver"])
     p.add_argument("--iterable", action="store_true")
@@ -294,7 +294,7 @@ def main(argv=None) -> int:
         time.sleep(args.late_start)
     try:
         train, val = build(args)
-    except OSError as e:  # the image folder (demo_images.private_folder): one line, no traceback
+    except OSError as e:  # the image folder (images.private_folder): one line, no traceback
         print(f"loadertop demo job: {e}", file=sys.stderr)
         return 2
     device = torch.device(args.device)

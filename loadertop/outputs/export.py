@@ -455,3 +455,31 @@ def serve(sampler, listen: str, interval_s: float, workers: bool = True, job_nam
         server.shutdown()
         server.server_close()
         exporter.close()
+
+
+# --- where it listens ------------------------------------------------------------------------
+
+
+def serves_every_interface(host: str) -> bool:
+    """The host as the socket will bind it is the unspecified address (0.0.0.0, ::): every
+    spelling of it (0, 0.0, 0x0, 00, [::0], [0:0:0:0:0:0:0:0]) resolves to that."""
+    import ipaddress
+
+    name = host.strip("[]")
+    if not name:
+        return True  # an empty host binds every interface too
+    try:
+        infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP, flags=socket.AI_NUMERICHOST)
+    except (socket.gaierror, UnicodeError, ValueError):
+        try:
+            return _unspecified(ipaddress.ip_address(name))
+        except ValueError:
+            return False  # a host name: it resolves to its own addresses
+    return any(_unspecified(ipaddress.ip_address(str(info[4][0]).split("%")[0])) for info in infos)
+
+
+def _unspecified(address) -> bool:
+    """The unspecified address, also as IPv4 mapped into IPv6 (::ffff:0.0.0.0 binds every IPv4
+    interface)."""
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_unspecified or (mapped is not None and mapped.is_unspecified)

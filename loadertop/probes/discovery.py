@@ -293,3 +293,38 @@ class _Threads:
     child_tids: set[int]  # threads seen forking children; always the main thread
     pin_tids: list[int] | None  # None: not looked for (not a trainer)
     workers_seen: int = -1
+
+
+def why_not_watchable(pid: int) -> str | None:
+    """Why loadertop cannot watch this PID, in one line that says what to give instead; None
+    where it can: a process that exists, is visible, and is Python or starts Python."""
+    st = procfs.read_stat(pid)
+    if st is None and procfs.hidden(pid):
+        return (f"PID {pid} exists but /proc hides it from this user (hidepid): run loadertop as root or as the "
+                "job's user")
+    if st is None:
+        return f"no process with PID {pid} (is the job running? `loadertop` lists them)"
+    if pid == 1 and not st.comm.startswith("python"):
+        # Every orphan on the host is init's child: it would take every DataLoader job.
+        return (f"PID 1 is {st.comm}, the init process, parent of every job on this machine: give the training "
+                "process's PID (`loadertop` lists them)")
+    if not starts_python(st):
+        return (f"PID {pid} is {st.comm}, not Python, and starts no Python process: give the PID of the training "
+                "script (python train.py) or its launcher (`loadertop` lists them)")
+    return None
+
+
+def starts_python(st: procfs.Stat) -> bool:
+    """The process is Python, or a wrapper (a shell, srun, a container's init) with Python
+    under it; a process not readable to us counts as Python (the sampler says what it can)."""
+    for pid in (st.pid, *procfs.descendants(st.pid)):
+        other = procfs.read_stat(pid) if pid != st.pid else st
+        if other is None:
+            continue
+        try:
+            args = procfs.cmdline(pid) or []
+        except PermissionError:
+            return True
+        if runs_python(other, args) or other.comm in ("pt_elastic", "pt_data_worker"):
+            return True
+    return False

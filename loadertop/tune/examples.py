@@ -16,7 +16,7 @@ import time
 import torch
 from torch.utils.data import Dataset
 
-from ..demo_job import calibrate, units_for, work
+from ..demo.job import calibrate, units_for, work
 
 
 def _work_per_ms() -> float:

@@ -1,7 +1,7 @@
 """A training job on a framework's own loop, for tests: torchdata's StatefulDataLoader,
 Lightning's Trainer.fit, an Accelerate-prepared loader, or a Hugging Face Trainer. Each item sleeps --sleep-ms (a
 slow disk), each step --step-ms (a GPU-like step), so the loop waits for data and the CPUs
-stay free. It writes the loop's own measure of its data wait, as loadertop.demo_job does:
+stay free. It writes the loop's own measure of its data wait, as loadertop.demo.job does:
 {"log": [[epoch time, waited s, elapsed s, steps], ...]}.
 
 --hook: the framework's loadertop form (watch() for StatefulDataLoader and Accelerate, the

@@ -55,7 +55,7 @@ class Job:
     """A training job; use as a context manager so it is always cleaned up."""
 
     def __init__(self, *args: str, cmd: list[str] | None = None, env: dict | None = None, tmp: Path,
-                 module: str = "loadertop.demo_job"):
+                 module: str = "loadertop.demo.job"):
         self.tmp = tmp
         self.ready = tmp / f"ready-{time.monotonic_ns()}"
         self.truth_path = tmp / f"truth-{time.monotonic_ns()}.json"

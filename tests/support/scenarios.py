@@ -2,10 +2,10 @@
 threads tests once started and watched with a `loadertop snapshot`, recorded once into
 tests/data/scenarios/ with its ground truth, and read back by the replay tests in-process.
 
-A scenario is the job (demo_job's flags), the host it runs on (a 1-CPU cgroup quota, a small
+A scenario is the job (the demo job's flags, loadertop/demo/job.py), the host it runs on (a 1-CPU cgroup quota, a small
 /dev/shm, CPU hogs beside it, its workers stopped, torchrun ranks) and the snapshot taken of it
 (its duration, tick and whether py-spy reads stacks). `record` starts the job as the live test
-did, samples it exactly as `loadertop snapshot` does (cli._sample_for_snapshot), judges every
+did, samples it exactly as `loadertop snapshot` does (cli.sample_for_snapshot), judges every
 tick as `loadertop record` does, and writes:
 
 - NAME.ltrec (NAME-K.ltrec for the K-th of several consecutive snapshots): the snapshots, each
@@ -45,7 +45,7 @@ DUTY_LOOP = ("import time\nwhile True:\n    t = time.time()\n"
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    args: tuple[str, ...]  # demo_job's flags
+    args: tuple[str, ...]  # the demo job's flags
     claim: str  # what its replay test asserts (the live test it replaces)
     host: str = ""  # "", "quota", "shm:BYTES", "hogs:N", "duty", "stopped", "torchrun:N", "two_jobs"
     duration: float = 10.0
@@ -159,7 +159,7 @@ def snapshot_report(name: str, k: int = 0) -> dict:
     recorded snapshots over the scenario's duration, judged again here."""
     from loadertop import cli
 
-    return json.loads(json.dumps(cli._report_of_snapshots(recording(name, k).snapshots, SCENARIOS[name].duration)))
+    return json.loads(json.dumps(cli.report_of_snapshots(recording(name, k).snapshots, SCENARIOS[name].duration)))
 
 
 # --- recording (tests/record_scenarios.py) ---------------------------------------------------
@@ -295,7 +295,7 @@ def record(name: str) -> None:
                 continue
             args = Namespace(pids=[j.pid for j in jobs], duration=s.duration, interval=s.interval,
                              no_stacks=not s.stacks)
-            snaps, _ = cli._sample_for_snapshot(args)
+            snaps, _ = cli.sample_for_snapshot(args)
             after = _truth(jobs)
             recorder = Recorder(path)
             diagnoser = Diagnoser()
