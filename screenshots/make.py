@@ -58,7 +58,7 @@ async def shoot(name: str, scenario: str, size: tuple[int, int], wait_for: str |
                     # Once the monitor's 30 s window holds the new setting alone.
                     ready = settled_at is not None and loop.time() - settled_at >= 35
                 elif wait_for == FIRST_LOOK:
-                    from loadertop.tui.widgets.panels import HeaderPanel
+                    from loadertop.tui.widgets.header import HeaderPanel
 
                     if FIRST_LOOK in str(app.query_one(HeaderPanel).render()):
                         break

@@ -14,7 +14,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadertop.autotune.peers import Entry, role_of
+from loadertop.autotune.rank_roles import role_of
+from loadertop.autotune.ranks_board import Entry
 from loadertop.model import Knobs
 from loadertop.rules import thresholds as T
 from loadertop.rules.ranks import RankFigures, attribute, stands_out

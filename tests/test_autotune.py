@@ -361,7 +361,7 @@ def test_with_warnings_as_errors_the_tuner_still_never_raises_into_the_loop(capl
     assert any("would not stop" in r.getMessage() for r in caplog.records)
 
 
-# --- the ranks of one job tuning together (autotune/peers.py) -------------------------------
+# --- the ranks of one job tuning together (autotune/rank_roles.py, ranks_board.py) -------------------------------
 
 
 def lockstep(tuners, loaders, epochs, own, batches=60):
@@ -398,7 +398,7 @@ def quiet_host(monkeypatch):
     lasts, must not decide what a synthetic job's tuner does)."""
     import time
 
-    from loadertop.autotune import peers, readings
+    from loadertop.autotune import ranks_board, readings
     from loadertop.rules.measure import CpuBudget
 
     def read(self, worker_pids):
@@ -411,16 +411,16 @@ def quiet_host(monkeypatch):
 
     monkeypatch.setattr(readings.Self, "budget", budget)
     monkeypatch.setattr(readings.Self, "read", read)
-    monkeypatch.setattr(peers, "usable_cpus", lambda: 8)  # the bounds a follower applies within
+    monkeypatch.setattr(ranks_board, "usable_cpus", lambda: 8)  # the bounds a follower applies within
 
 
 def ranked_tuners(tmp_path, n=2):
-    from loadertop.autotune import peers as R
+    from loadertop.autotune import ranks_board
 
     tuners = []
     for r in range(n):
         t, _ = make_tuner()
-        t.board_for = lambda name, r=r: (R.FileBoard("job-1", name, n, root=str(tmp_path)), r)
+        t.board_for = lambda name, r=r: (ranks_board.FileBoard("job-1", name, n, root=str(tmp_path)), r)
         tuners.append(t)
     return tuners
 
@@ -522,7 +522,8 @@ def test_ranks_that_cannot_coordinate_tune_alone_after_one_warning(tmp_path):
 
 
 def test_a_rank_role_from_its_peers_entries():
-    from loadertop.autotune.peers import Entry, role_of
+    from loadertop.autotune.rank_roles import role_of
+    from loadertop.autotune.ranks_board import Entry
 
     one = Knobs(1, 2)
     peer = Entry(1, 3, 0.8, one, at=0.0)
@@ -542,7 +543,8 @@ def test_a_rank_role_from_its_peers_entries():
 
 
 def test_a_role_is_taken_once_the_gap_held_twice_and_given_up_below_half_of_it():
-    from loadertop.autotune.peers import Entry, Roles
+    from loadertop.autotune.rank_roles import Roles
+    from loadertop.autotune.ranks_board import Entry
 
     one = Knobs(1, 2)
     roles = Roles()
@@ -558,7 +560,8 @@ def test_a_straggler_tunes_on_its_own_and_no_rank_follows_it():
     # Issue 45: a slow shard's rank tried 8 workers (3.3x the batches); its wait then fell to
     # its peer's, it became a follower of rank 0 and went back to rank 0's 1 worker in silence,
     # three times. A rank that was the straggler has a loader unlike its peers': its own.
-    from loadertop.autotune.peers import Entry, Roles, role_of
+    from loadertop.autotune.rank_roles import Roles, role_of
+    from loadertop.autotune.ranks_board import Entry
 
     one, eight = Knobs(1, 2), Knobs(8, 2)
     roles = Roles()
@@ -613,16 +616,16 @@ def test_a_follower_does_not_run_a_leaders_setting_past_its_own_bounds(tmp_path,
     import logging
     import time
 
-    from loadertop.autotune import peers as R
+    from loadertop.autotune import ranks_board
 
-    board = R.FileBoard("job-1", "train", 2, root=str(tmp_path))
+    board = ranks_board.FileBoard("job-1", "train", 2, root=str(tmp_path))
     t, _ = make_tuner()
     t.board_for = lambda name: (board, 1)
     loader = Loader(workers=1)
 
     def leader(boundary):
         def at_boundary(loader_):
-            hostile = R.Entry(0, t.epoch + 1, 0.5, Knobs(1, 2), plan_from=0,
+            hostile = ranks_board.Entry(0, t.epoch + 1, 0.5, Knobs(1, 2), plan_from=0,
                               plan=Knobs(64, 2, main_threads=64, worker_threads=64), at=time.time())
             with open(f"{board.folder}/{board.prefix}0.json", "w") as f:
                 f.write(hostile.as_json())

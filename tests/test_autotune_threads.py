@@ -13,7 +13,7 @@ from support.synth import TRAINER, host, process, snapshot, story, trainer
 from torch.utils.data import DataLoader, Dataset
 
 from loadertop.autotune import loader as L
-from loadertop.autotune import peers as R
+from loadertop.autotune import ranks_board
 from loadertop.autotune import tuner as TU
 from loadertop.autotune.policy import Stretch, with_workers
 from loadertop.autotune.propose import propose
@@ -42,8 +42,8 @@ def test_thread_knobs_read_as_the_log_and_the_report_say_them():
     assert capped.as_dict() == {"num_workers": 2, "prefetch_factor": 2, "main_threads": 2, "worker_threads": 1}
     assert Knobs(2, 2).as_dict() == {"num_workers": 2, "prefetch_factor": 2}  # not tuned: as before
     # Another rank reads the same setting back from the node's board.
-    entry = R.Entry(0, 3, 0.2, capped, None, None, 0.0)
-    assert R.Entry.from_json(entry.as_json()).setting == capped
+    entry = ranks_board.Entry(0, 3, 0.2, capped, None, None, 0.0)
+    assert ranks_board.Entry.from_json(entry.as_json()).setting == capped
 
 
 def test_a_worker_count_move_keeps_the_threads_it_runs_at():

@@ -22,7 +22,7 @@ from loadertop.probes.hook_files import HookError, parse_tune, read_hook
 from loadertop.rules import diagnose_with_plans
 from loadertop.tui.app import LoadertopApp
 from loadertop.tui.source import ScriptedSource
-from loadertop.tui.widgets.panels import HeaderPanel
+from loadertop.tui.widgets.header import HeaderPanel
 
 
 def tuned(tune: TuneState, wait: float = 0.62, workers: int = 2):

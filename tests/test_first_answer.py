@@ -40,7 +40,7 @@ async def test_the_live_view_names_a_starved_job_within_5_s_then_confirms_it(job
 
     from loadertop.tui.app import LoadertopApp
     from loadertop.tui.source import LiveSource
-    from loadertop.tui.widgets.panels import HeaderPanel
+    from loadertop.tui.widgets.header import HeaderPanel
 
     j = job(*STARVED)
     j.wait_ready()

@@ -202,7 +202,8 @@ async def test_the_live_view_shows_the_job_with_its_straggler_first_and_selects_
 
     from loadertop.tui.app import LoadertopApp
     from loadertop.tui.source import ScriptedSource
-    from loadertop.tui.widgets.panels import HeaderPanel, OverviewPanel
+    from loadertop.tui.widgets.header import HeaderPanel
+    from loadertop.tui.widgets.overview import OverviewPanel
 
     app = LoadertopApp(ScriptedSource(job_story(INPUT, 20), interval_s=0.01))
     async with app.run_test(size=(120, 36)) as pilot:
@@ -237,7 +238,7 @@ async def test_the_header_never_says_no_change_over_a_finding_without_one(story_
 
     from loadertop.tui.app import LoadertopApp
     from loadertop.tui.source import ScriptedSource
-    from loadertop.tui.widgets.panels import HeaderPanel
+    from loadertop.tui.widgets.header import HeaderPanel
 
     if story_of == "cpu_full":
         history = story(20, lambda t: snapshot(t, [trainer(workers=2, worker_cpu=99.0, wait=0.67, usable=2,

@@ -353,7 +353,7 @@ async def test_the_live_view_shows_the_job_with_the_straggler_first():
 
     from loadertop.tui.app import LoadertopApp
     from loadertop.tui.source import ScriptedSource
-    from loadertop.tui.widgets.panels import OverviewPanel
+    from loadertop.tui.widgets.overview import OverviewPanel
 
     rec = recording("ranks_slow_shard_hook")
     app = LoadertopApp(ScriptedSource(rec.snapshots, judged=rec.judged, interval_s=0.01))

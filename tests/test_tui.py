@@ -14,8 +14,10 @@ from textual.widgets import Static
 from loadertop.rules import diagnose
 from loadertop.tui.app import LoadertopApp
 from loadertop.tui.source import ScriptedSource
+from loadertop.tui.widgets.findings import FindingsPanel
+from loadertop.tui.widgets.header import HeaderPanel
 from loadertop.tui.widgets.history import HistoryLine, HistoryPanel, HistoryRow
-from loadertop.tui.widgets.panels import FindingsPanel, HeaderPanel, OverviewPanel
+from loadertop.tui.widgets.overview import OverviewPanel
 from loadertop.tui.widgets.workers import TREND_AT, WorkersTable
 
 

@@ -6,7 +6,7 @@ from support.tui import text_of, wait_until
 
 from loadertop.tui.app import LoadertopApp
 from loadertop.tui.source import LiveSource
-from loadertop.tui.widgets.panels import HeaderPanel
+from loadertop.tui.widgets.header import HeaderPanel
 
 
 async def test_the_picker_lists_the_job_and_enter_attaches(job):

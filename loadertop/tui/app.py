@@ -20,8 +20,11 @@ from ..model import Finding, Snapshot
 from ..rules.diagnosis import Diagnosis
 from ..rules.ranks import view_order
 from .source import LiveSource, ScriptedSource, Source
+from .widgets.events import EventsPanel
+from .widgets.findings import FindingsPanel
+from .widgets.header import HeaderPanel
 from .widgets.history import HistoryPanel
-from .widgets.panels import EventsPanel, FindingsPanel, HeaderPanel, OverviewPanel
+from .widgets.overview import OverviewPanel
 from .widgets.workers import WorkersTable
 
 COMPACT_HEIGHT = 30
