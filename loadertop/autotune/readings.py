@@ -68,7 +68,7 @@ class Self:
         self.limit: CpuLimit | None = cpu_limit("self")
         self.shm_path = shm_path
         self.local_world_size = _int_env("LOCAL_WORLD_SIZE") or 1
-        # The rank the others wait for (autotune/peers.py): it may take what they leave free,
+        # The rank the others wait for (autotune/rank_roles.py, ranks_board.py): it may take what they leave free,
         # as they do not explore meanwhile.
         self.straggler = False
 

@@ -35,10 +35,11 @@ from ..rules.thresholds import RANK_GAP
 from ..vocabulary import TunePhase
 from ..wrapped import innermost
 from . import loader as L
-from . import peers as R
 from . import readings as M
 from .policy import MIN_MEASURED_GAIN, Explorer, Stretch, chunk_rates, compare
 from .propose import propose
+from .rank_roles import RankRole, Roles
+from .ranks_board import Bounds, Entry, Peers, board_for
 
 log = logging.getLogger("loadertop.tune")
 
@@ -108,15 +109,15 @@ class Tuner:
         self.pending: Knobs | None = None  # the setting to go back to at the next boundary (off)
         self.last_rate: float | None = None
         self.clock = time.perf_counter_ns  # the hook's clock: batch times come from it too
-        # The other ranks of the job (autotune/peers.py): None alone, or once coordination failed.
-        self.peers: R.Peers | None = None
+        # The other ranks of the job (autotune/rank_roles.py, ranks_board.py): None alone, or once coordination failed.
+        self.peers: Peers | None = None
         self.coordinated = False  # the board was looked for (at the first boundary)
-        self.role = R.RankRole("alone")
-        self.roles = R.Roles()
+        self.role = RankRole("alone")
+        self.roles = Roles()
         self.plan: tuple[int, Knobs] | None = None  # a leader's change: from this epoch, every rank
         self.stretch_epoch = 0  # the epoch the stretch began in (a leader reads its peers' waits over it)
         self.last_wait: float | None = None
-        self.board_for = R.board_for
+        self.board_for = board_for
         self.until_boundary = False  # nothing is measured until the next epoch boundary
         # This epoch's data wait, kept with peers only (the ranks compare it at the boundary).
         self.epoch_last_ns: int | None = None
@@ -502,7 +503,7 @@ class Tuner:
 
     # --- the other ranks of the job ----------------------------------------------------------
 
-    def _role(self) -> R.RankRole:
+    def _role(self) -> RankRole:
         """This rank's role among its peers at this boundary (alone where it has none)."""
         # This epoch's own reading only: a wait from before a change (or none, while a change
         # waits for the boundary) would name a straggler that is not one.
@@ -513,13 +514,13 @@ class Tuner:
                 found = self.board_for(self.name)
                 if found is not None:  # a peer's entry is taken only within this rank's own bounds
                     board, rank = found
-                    self.peers = R.Peers(board, rank, R.Bounds.here(board.world, self.started_with))
+                    self.peers = Peers(board, rank, Bounds.here(board.world, self.started_with))
                 if self.peers is not None:
                     atexit.register(self.peers.close)  # a later job of the same name starts afresh
             except Exception as e:
                 self._alone(e)
         if self.peers is None:
-            return R.RankRole("alone")
+            return RankRole("alone")
         if self.epoch <= 2 and self.last_epoch_s < MAX_STRETCH_S:
             self.last_wait = None  # a short first epoch's: the ranks started apart (_decide)
         own = self.roles.own
@@ -527,7 +528,7 @@ class Tuner:
             role = self.roles.next(self.peers.rank, self.last_wait, self.epoch, self.peers.others(epoch=self.epoch))
         except Exception as e:
             self._alone(e)
-            return R.RankRole("alone")
+            return RankRole("alone")
         if self.roles.own and not own:
             log.info("loadertop tune %s: epoch %d: rank %d is the job's straggler: its loader is not like its "
                      "peers', it tunes on its own from now on", self.name, self.epoch, self.peers.rank)
@@ -607,14 +608,14 @@ class Tuner:
             return
         plan_from, plan = self.plan if self.plan is not None else (None, None)
         try:
-            self.peers.tell(R.Entry(self.peers.rank, self.epoch, self.last_wait, self._knobs(inner), plan_from, plan,
+            self.peers.tell(Entry(self.peers.rank, self.epoch, self.last_wait, self._knobs(inner), plan_from, plan,
                                     time.time(), own=self.roles.own))
         except Exception as e:
             self._alone(e)
 
     def _alone(self, error: Exception) -> None:
         self.peers = None
-        self.role = R.RankRole("alone")
+        self.role = RankRole("alone")
         self.plan = None
         _warn_once(f"loadertop tune {self.name}: the ranks of this job cannot coordinate "
                    f"({type(error).__name__}: {error}); each rank tunes alone")

@@ -42,7 +42,7 @@ STRAGGLER_SHARE = 0.5
 
 # --- who waits for whom: the one rule -------------------------------------------------------
 # The monitor (`attribute`, on one node and for the fleet), the tuner's roles
-# (autotune/peers.py) and the alert rule (docs/prometheus/alerts.yml, tested against it) all
+# (autotune/rank_roles.py, ranks_board.py) and the alert rule (docs/prometheus/alerts.yml, tested against it) all
 # say "rank B waits for rank A's data" by these two functions.
 
 
