@@ -416,3 +416,37 @@ def test_the_loader_is_recognised_with_full_or_bare_file_names(path):
     counts = parse_raw(text, STARVED_PID)
     total = sum(counts.values())
     assert counts.get(WAIT, 0) + counts.get(MAIN, 0) > 0.3 * total, counts
+
+
+def test_a_dump_that_runs_out_of_time_is_tried_again_on_the_same_credit(tmp_path, monkeypatch):
+    # Beside a CPU hog a worker's first dump ran out of time, spent the one dump saved up, and
+    # the worker stayed unread for the whole interval (600 s): its id and arguments unknown.
+    import subprocess
+    import sys
+
+    from support.jobs import wait_for
+
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    first = tmp_path / "first-done"
+    fake = tmp_path / "py-spy"
+    fake.write_text(f"""#!{sys.executable}
+import os, sys, time
+if sys.argv[1] != "dump":
+    time.sleep(0.5)
+    sys.exit(0)
+if not os.path.exists({str(first)!r}):
+    open({str(first)!r}, "w").close()
+    time.sleep(3)  # past the timeout
+print({_dump_of(worker.pid, [("_worker_loop", "torch/utils/data/_utils/worker.py")])!r})
+""")
+    fake.chmod(0o755)
+    monkeypatch.setattr(stacks, "DUMP_TIMEOUT_S", 0.5)
+    sampler = stacks.StackSampler(window_s=1, dump_interval_s=600.0, dump_burst=1, pyspy=str(fake))
+    try:
+        sampler.watch({os.getpid(): (worker.pid,)})
+        info = wait_for(lambda: sampler.worker(worker.pid), 10, what="the worker read after its dump timed out")
+        assert info.worker_id == 0 and first.exists()
+    finally:
+        sampler.close()
+        worker.kill()
+        worker.wait()

@@ -108,6 +108,7 @@ class _Recording:
 
 
 DUMP_GAP_S = 1.0  # saved-up dumps run at most this often
+DUMP_TIMEOUT_S = 5.0  # one dump may take this long (py-spy reads a busy host's process slowly)
 
 
 @dataclass(frozen=True)
@@ -211,6 +212,7 @@ class StackSampler:
         self._stall_since: dict[int, float] = {}  # epoch start of the current run of stalled windows
         self._workers: dict[int, WorkerInfo] = {}
         self._dumped_at: dict[int, float] = {}
+        self._timed_out: set[int] = set()  # workers whose last dump ran out of time: one retry free
         self._notices: dict[tuple[str, int | None], Notice] = {}
         self._refused_until: dict[int, float] = {}
         self._next_start: dict[int, float] = {}
@@ -385,8 +387,13 @@ class StackSampler:
                 if worker is None:
                     nothing_to_dump = True  # until watch() brings a new worker, and wakes us
                 else:
-                    self._dump(worker, now)
-                    credit -= 1.0
+                    if self._dump(worker, now) or worker in self._timed_out:
+                        credit -= 1.0
+                    else:
+                        # A dump that ran out of time (py-spy on a busy host) is tried once more
+                        # on the same credit: spent, it left a worker unread for a whole
+                        # dump_interval_s (600 s in a test beside a CPU hog).
+                        self._timed_out.add(worker)
                     last_dump = now
             # Sleep until something is due (a window ends or starts, a dump's credit) rather
             # than polling: each wake-up takes the GIL from the UI.
@@ -496,6 +503,7 @@ class StackSampler:
             for gone in [p for p in self._workers if p not in live]:
                 del self._workers[gone]
                 self._dumped_at.pop(gone, None)
+            self._timed_out &= live
             refused = {p for p, until in self._refused_until.items() if now < until}
             # A "no" is asked again later: a spawned worker is not in its loop until it has
             # unpickled its dataset, and a process may start a loader later on.
@@ -515,39 +523,40 @@ class StackSampler:
         young = time.time() - self._identity.get(pid, 0.0) < YOUNG_S
         return RETELL_YOUNG_S if young else RETELL_S
 
-    def _dump(self, pid: int, now: float) -> None:
+    def _dump(self, pid: int, now: float) -> bool:
+        """Dump one process's stack; False only where py-spy ran out of time."""
         pyspy = self.pyspy
         if pyspy is None:
-            return
+            return True
         self._dumped_at[pid] = now
         with self._lock:
             known = self._workers.get(pid)
             ident = self._identity.get(pid)
         if not self._same(pid, ident):
-            return
+            return True
         args = [pyspy, "dump", "--json", "--nonblocking", "--pid", str(pid)]
         if known is None or known.worker_id is None:
             args.insert(3, "--locals")
         try:
-            out = subprocess.run(args, capture_output=True, text=True, timeout=5, stdin=subprocess.DEVNULL,
-                                 errors="replace")
+            out = subprocess.run(args, capture_output=True, text=True, timeout=DUMP_TIMEOUT_S,
+                                 stdin=subprocess.DEVNULL, errors="replace")
         except subprocess.TimeoutExpired:
-            return
+            return False
         except OSError as e:
             self._cannot_run(e)
-            return
+            return True
         info = parse_dump(out.stdout, pid) if out.returncode == 0 else None
         if info is None or not self._same(pid, ident):
             if pid in self._candidates:
                 with self._lock:
                     self._told[pid] = (False, now)
-            return  # nothing readable, or the pid was reused while py-spy read it
+            return True  # nothing readable, or the pid was reused while py-spy read it
         info = replace(info, read_at=time.time())
         if pid in self._candidates:
             with self._lock:
                 self._told[pid] = (info.worker_loop is not None, now)
             if info.worker_loop is None:
-                return
+                return True
         # Which fetcher a dump caught the worker in says what its dataset is; a dump between
         # batches says nothing, and keeps what an earlier one said.
         iterable = info.iterable if info.iterable is not None else known.iterable if known is not None else None
@@ -558,7 +567,8 @@ class StackSampler:
             info = replace(info, iterable=iterable)
         with self._lock:
             self._workers[pid] = info
-
+        self._timed_out.discard(pid)
+        return True
 
 # A candidate that was no worker is dumped again: soon while it is young (a spawned worker
 # enters its loop once it has unpickled its dataset), rarely after.
