@@ -152,7 +152,9 @@ def test_a_trainers_main_thread_is_read_every_tick_on_a_cpu_and_sleeping():
         read(sleep)
         time.sleep(0.5)
         spinning, sleeping = read(spin), read(sleep)
-        assert spinning.main_thread_cpu > 0.5 and spinning.main_thread_runqueue_s_per_s is not None
+        # A spinning thread is on a CPU or queued for one, whatever else runs: beside a CPU hog
+        # it read 0.41 on a CPU and 0.59 queued.
+        assert spinning.main_thread_cpu + spinning.main_thread_runqueue_s_per_s > 0.8, spinning
         assert sleeping.main_thread_cpu < 0.1
         # A worker (main_thread=False) waits for the slow cadence's thread readings.
         assert sampler.sample(procfs.read_stat(spin.pid), time.monotonic()).main_thread_cpu is None
