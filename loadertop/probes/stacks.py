@@ -570,6 +570,7 @@ class StackSampler:
         self._timed_out.discard(pid)
         return True
 
+
 # A candidate that was no worker is dumped again: soon while it is young (a spawned worker
 # enters its loop once it has unpickled its dataset), rarely after.
 YOUNG_S = 60.0
