@@ -172,11 +172,13 @@ def test_cpu_bound_dataset_saturates_at_the_usable_cpus(tmp_path, monkeypatch):
     # Beside other work the CPUs free are fewer: beside two busy loops on 2 CPUs 1, 2 and 4
     # workers ran alike (459, 461, 450 items/s), as they should. The rise is asked for only
     # where the CPUs were free.
+    # Past the CPUs each worker yields less, where they were free: beside busy loops more
+    # workers take a larger share of the CPUs from them (1, 2, 4 workers: 329, 361, 668 items/s).
     if free >= cpus - 0.5:
         below = (got[cpus] - got[1]) / (cpus - 1)
         assert below > 0.35 * got[1], (got, free)
-    assert got[many] / many < 0.8 * got[cpus] / cpus, got
-    assert got[many] < 1.5 * got[cpus], got
+        assert got[many] / many < 0.8 * got[cpus] / cpus, got
+        assert got[many] < 1.5 * got[cpus], got
     busy = [c["worker_cpu_percent"] for c in result["configs"] if c["num_workers"] == 1]
     assert busy[0] > 50, "a CPU-bound worker computes most of the time"
 
