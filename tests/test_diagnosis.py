@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support.synth import TRAINER, data_wait, host, snapshot, story, trainer
+from support.synth import TRAINER, Replayed, data_wait, host, snapshot, story, trainer
 
 from loadertop.model import Finding
 from loadertop.rules import Diagnoser, diagnosed
@@ -188,17 +188,7 @@ def test_the_exporter_serves_the_verdict_the_diagnoser_said():
 
     history = starved_history()
 
-    class Replay:
-        def __init__(self):
-            self.left = list(history)
-
-        def tick(self):
-            return self.left.pop(0)
-
-        def close(self):
-            pass
-
-    exporter = Exporter(Replay())
+    exporter = Exporter(Replayed(history))
     for _ in history:
         exporter.sample_once()
     registry = CollectorRegistry()

@@ -23,6 +23,7 @@ from support.reports import (
     validated,
 )
 from support.scenarios import SCENARIOS, meta, recording, snapshot_report
+from support.synth import Replayed
 
 pytestmark = pytest.mark.replay
 
@@ -260,35 +261,24 @@ def test_every_view_of_a_recording_gives_one_answer(name, k, tmp_path, capsys, p
         job = diagnosis.job_verdicts.get(t.job)
         return job.text if job is not None else diagnosis.verdict(t).text
 
-    for t in last.trainers:
-        said = answer(stored, t)
-        _, replayed = ScriptedSource(rec.snapshots, judged=rec.judged).seek(len(at_work))
-        assert answer(replayed, t) == said, "replay"
-        assert cli.main(["snapshot", "--from", path, "--json"]) == 0
-        report = json.loads(capsys.readouterr().out)
-        row = next(r for r in report["trainers"] if r["pid"] == t.pid)
-        assert row["verdict"] == stored.verdict(t).text, "snapshot --from, the trainer's row"
-        text = summary.render(cli.report_of_recording(rec.snapshots, rec.judged), summary.ended(rec.snapshots))
-        assert f"**{answer(stored, last.trainers[0])}**" in text, "the summary"
-        out = tmp_path / "diff.json"
-        assert cli.main(["diff", path, path, "-o", str(out)]) == 0
-        rows = [r for r in json.loads(out.read_text())["trainers"] if r.get("pid_after") == t.pid]
-        assert rows and rows[0]["verdict_before"] == rows[0]["verdict_after"] == stored.verdict(t).text, "diff"
-
-    class Replay:
-        def __init__(self) -> None:
-            self.left = list(at_work)
-
-        def tick(self):
-            return self.left.pop(0)
-
-        def close(self) -> None:
-            pass
-
-    exporter = Exporter(Replay())
+    # Each view once; then each trainer's answer in it.
+    _, replayed = ScriptedSource(rec.snapshots, judged=rec.judged).seek(len(at_work))
+    assert cli.main(["snapshot", "--from", path, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    text = summary.render(cli.report_of_recording(rec.snapshots, rec.judged), summary.ended(rec.snapshots))
+    assert f"**{answer(stored, last.trainers[0])}**" in text, "the summary"
+    out = tmp_path / "diff.json"
+    assert cli.main(["diff", path, path, "-o", str(out)]) == 0
+    compared = json.loads(out.read_text())["trainers"]
+    exporter = Exporter(Replayed(at_work))
     for _ in at_work:
         exporter.sample_once()
     for t in last.trainers:
+        assert answer(replayed, t) == answer(stored, t), "replay"
+        row = next(r for r in report["trainers"] if r["pid"] == t.pid)
+        assert row["verdict"] == stored.verdict(t).text, "snapshot --from, the trainer's row"
+        rows = [r for r in compared if r.get("pid_after") == t.pid]
+        assert rows and rows[0]["verdict_before"] == rows[0]["verdict_after"] == stored.verdict(t).text, "diff"
         assert exporter.diagnoser.diagnosis.verdict(t).text == stored.verdict(t).text, "the exporter"
 
 
