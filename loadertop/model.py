@@ -287,7 +287,7 @@ class Decision:
         if self.action == "keep" and self.old and self.new:
             return f"{head}{self.old.arrow(self.new)}{measured}, kept"
         if self.action == "revert" and self.old and self.new:
-            return f"{head}{self.old.arrow(self.new)}{measured}, reverted"
+            return f"{head}{self.old.arrow(self.new)}{measured}, reverted" + (f": {self.reason}" if self.reason else "")
         if self.action == "settle" and self.new:
             return f"{head}settled on {self.new.label()}" + (f": {self.reason}" if self.reason else "")
         return f"{head}tuning off" + (f": {self.reason}" if self.reason else "")

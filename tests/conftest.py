@@ -57,14 +57,20 @@ LEFTOVERS = ("sem.mp-", "torch_", "loadertop-")
 @pytest.fixture(scope="session", autouse=True)
 def dev_shm_left_as_found():
     """SIGKILLed jobs leave their multiprocessing semaphores (and maybe tensors) in /dev/shm:
-    at the end, remove what this session created that no live process still maps."""
+    at the end, remove what appeared during this session that no live process still maps or
+    holds open (another session running beside this one, an xdist worker's or a person's, has
+    its jobs' hook files open and their semaphores mapped: they are left alone)."""
     started = time.time()
     yield
-    mapped = set()
+    in_use = set()
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/maps") as f:
-                mapped.update(re.findall(r"/dev/shm/(\S+)", f.read()))
+                in_use.update(re.findall(r"/dev/shm/(\S+)", f.read()))
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("/dev/shm/"):
+                    in_use.add(target[len("/dev/shm/"):])
         except OSError:
             continue
     try:
@@ -73,7 +79,7 @@ def dev_shm_left_as_found():
         return
     for e in entries:
         try:
-            if e.name.startswith(LEFTOVERS) and e.name not in mapped and e.stat().st_mtime >= started:
+            if e.name.startswith(LEFTOVERS) and e.name not in in_use and e.stat().st_mtime >= started:
                 os.unlink(e.path)
         except OSError:
             continue

@@ -60,7 +60,7 @@ def torch_files() -> set[str]:
 @pytest.mark.parametrize("persistent", [False, True], ids=["workers-each-epoch", "persistent-workers"])
 def test_a_seeded_loop_sees_the_same_batches_across_a_change_at_an_epoch_boundary(persistent):
     before = torch_files()
-    plain, tuned = side_by_side("--epochs", "6", *(["--persistent"] if persistent else []))
+    plain, tuned = side_by_side("--epochs", "8", *(["--persistent"] if persistent else []))
     assert len(set(tuned["workers"])) > 1, tuned["tune"]  # the tuner did change the count
     assert tuned["warnings"] == []
     assert [d["action"] for d in tuned["tune"]["decisions"]][:2] == ["try", "keep"], tuned["tune"]

@@ -390,13 +390,14 @@ class Tuner:
             return True
         explorer = self.explorer
         so_far = Stretch(explorer.current, len(self.durations), seconds, 0.0, chunk_rates(self.durations))
-        kept = explorer.kept_stretch
-        if explorer.trial is None or kept is None:
+        against = explorer.against
+        if against is None:
             return so_far.relative_error <= KEPT_RELATIVE_ERROR or seconds >= MAX_KEPT_S
-        gain, noise = compare(so_far, kept)
-        # A trial is judged once its result is clear, or once it is as long as the stretch it
-        # is judged against (two readings of the same precision: longer would only delay).
-        return noise <= max(abs(gain), MIN_MEASURED_GAIN) or seconds >= kept.seconds
+        gain, noise = compare(so_far, against)
+        # A trial (and the setting kept, read again after it) is done once its difference is
+        # clear, or once it is as long as the stretch it is judged against (two readings of the
+        # same precision: longer would only delay).
+        return noise <= max(abs(gain), MIN_MEASURED_GAIN) or seconds >= against.seconds
 
     def _start_stretch(self) -> None:
         self.stretch_epoch = self.epoch
@@ -457,6 +458,14 @@ class Tuner:
         judged = explorer.judge(stretch)
         if judged is not None:
             self._record(judged)
+        elif explorer.bracketing:
+            gain, noise = compare(stretch, explorer.kept_stretch or stretch)
+            log.info("loadertop tune %s: epoch %d: %s measured %+.0f%% steps/s (noise ±%.0f%%); %s again to "
+                     "read the host after it", self.name, self.epoch, knobs.short(explorer.kept), gain * 100,
+                     noise * 100 if noise < 10 else 999, explorer.kept.short(knobs))
+        elif explorer.trial is not None and explorer.rounds:
+            log.info("loadertop tune %s: epoch %d: the host's load moved %s around the trial: %s once more",
+                     self.name, self.epoch, explorer.kept.short(explorer.trial), explorer.trial.short(explorer.kept))
         proposed = explorer.propose(propose(explorer.kept_stretch or stretch,
                                                    bool(config.get("persistent_workers"))))
         if proposed is not None:
@@ -595,7 +604,7 @@ class Tuner:
         explorer = self.explorer
         if role.role == "waiting" and explorer is not None and explorer.trial is not None:
             # A trial no one will judge (the job waits for another rank): back to the kept one.
-            explorer.trial = None
+            explorer.drop_trial()
             with self._applying():
                 self._set(inner, explorer.kept)
         self.durations = []
