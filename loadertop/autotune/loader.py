@@ -88,11 +88,21 @@ def apply(loader, knobs: Knobs) -> bool:
         return False
     stopped = False
     iterator = getattr(loader, "_iterator", None)
+    # torchdata's sampler draws its order when an iterator is made, and a new iterator makes
+    # two where a persistent one reset makes one: a StatefulDataLoader's place is carried over
+    # to the new count instead, so the next epoch's order is the one an untouched loop sees.
+    place = None
     if loader.persistent_workers and iterator is not None:
+        if knobs.num_workers and is_stateful(loader):
+            place = loader.state_dict()
         loader._iterator = None  # first: a failed shutdown must not leave a dead iterator to reset
         iterator._shutdown_workers()
         stopped = True
+    elif knobs.num_workers and is_stateful(loader) and getattr(loader, "next_iter_state", None):
+        place = loader.next_iter_state  # a start that failed: its place, for the count it goes back to
     _set_workers(loader, knobs)
+    if place is not None:
+        loader.load_state_dict(translate_state(place, knobs.num_workers))
     return stopped
 
 

@@ -25,16 +25,19 @@ CONTENDED_RUNQUEUE = T.MAIN_QUEUED_SHARE
 CONTENDED_CPU_SHARE = 0.9  # or the trainer keeps this share of its CPUs busy
 
 
-def propose(stretch: Stretch, persistent: bool) -> Proposal:
+def propose(stretch: Stretch, persistent: bool, stateful: bool = False) -> Proposal:
     """Where to look next, from the kept setting's measurement: fewer threads where they
-    oversubscribe, the plan's setting, then the neighbours the measurement makes plausible."""
+    oversubscribe, the plan's setting, then the neighbours the measurement makes plausible.
+    `stateful`: torchdata's StatefulDataLoader, whose sampler draws its order once in the main
+    process and twice with workers: a change between 0 and some workers would change the
+    batches, so its worker count stays on its side of 0."""
     m = stretch.measured
     knobs = stretch.knobs
     now = Setting(knobs.num_workers, 0, knobs.prefetch_factor or 2)
     plan = P.make_plan(m)
     moves: list[tuple[Knobs, str]] = _thread_moves(m, knobs, plan)
     low = 1 if knobs.num_workers > 0 else 0
-    top = P.most_workers(m, now, plan.cause)
+    top = P.most_workers(m, now, plan.cause) if knobs.num_workers or not stateful else 0
     batch = P.batch_bytes(m)
     t = terms(m)
 
@@ -52,7 +55,7 @@ def propose(stretch: Stretch, persistent: bool) -> Proposal:
             rounded = replace(suggested, num_workers=coarse[0])
             if allowed(rounded):
                 suggested, gain = rounded, coarse[1]
-        if allowed(suggested) and (suggested.num_workers > 0 or not persistent):
+        if allowed(suggested) and (suggested.num_workers > 0 or not (persistent or stateful)):
             moves.append((suggested, f"the model predicts {gain:+.0%} steps/s"))
     down, up = neighbours(knobs.num_workers, low, top)
     wait = m.wait or 0.0

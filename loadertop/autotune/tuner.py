@@ -302,7 +302,9 @@ class Tuner:
             with self._guarded():
                 self._decide()
                 ran = self._knobs(loader)
-                if self.explorer is not None and self.explorer.current != ran and not self.idle:
+                # Settled too: a trial kept after the setting before it was read again (A B A)
+                # is put back at once.
+                if self.explorer is not None and self.explorer.current != ran and self.state != "off":
                     target = self.explorer.current
                     if L.same_workers(target, ran):
                         L.apply(loader, target)  # the loop's threads only: at once, the workers go on
@@ -466,8 +468,8 @@ class Tuner:
         elif explorer.trial is not None and explorer.rounds:
             log.info("loadertop tune %s: epoch %d: the host's load moved %s around the trial: %s once more",
                      self.name, self.epoch, explorer.kept.short(explorer.trial), explorer.trial.short(explorer.kept))
-        proposed = explorer.propose(propose(explorer.kept_stretch or stretch,
-                                                   bool(config.get("persistent_workers"))))
+        proposed = explorer.propose(propose(explorer.kept_stretch or stretch, bool(config.get("persistent_workers")),
+                                            stateful=self.loader is not None and L.is_stateful(innermost(self.loader))))
         if proposed is not None:
             self._record(proposed)
         self.state = "settled" if explorer.settled else ("trying" if explorer.trial else "measuring")
