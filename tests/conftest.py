@@ -4,7 +4,7 @@ import signal
 import time
 
 import pytest
-from support.jobs import Job
+from support.jobs import Job, worker_pids
 from support.users import world_readable_loadertop  # noqa: F401 (a fixture, for every test)
 
 from loadertop.rules import RAISE_RULE_ERRORS
@@ -30,7 +30,7 @@ def pytest_collection_modifyitems(items):
       recordings written by the test, the CLI on bad input.
     unit and replay run in parallel (`pytest -m "not live" -n 2`), live after them alone."""
     for item in items:
-        if "job" in getattr(item, "fixturenames", ()):
+        if {"job", "watched_job"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.live)
         if item.get_closest_marker("live") is None and item.get_closest_marker("replay") is None:
             item.add_marker(pytest.mark.unit)
@@ -49,6 +49,36 @@ def job(tmp_path):
     yield start
     for j in started:
         j.kill()
+
+
+class _Watched:
+    """The one job of the session that tests only watch (started at its first use)."""
+
+    job: Job | None = None
+
+
+@pytest.fixture(scope="session")
+def _watched(tmp_path_factory):
+    holder = _Watched()
+    yield holder
+    if holder.job is not None:
+        holder.job.kill()
+
+
+@pytest.fixture
+def watched_job(_watched, tmp_path_factory) -> Job:
+    """A generic job (2 persistent workers, 5 ms items) shared by the tests that only watch it:
+    one start-up for all of them. Started again where an earlier test left it dead; a test that
+    stops, kills or changes its job starts its own (`job`)."""
+    j = _watched.job
+    if j is None or j.proc.poll() is not None or len(worker_pids(j.pid)) < 2:
+        if j is not None:
+            j.kill()
+        j = _watched.job = Job("--workers", "2", "--persistent", "--item-ms", "5", "--duration", "3600",
+                               tmp=tmp_path_factory.mktemp("watched"))
+        j.wait_ready()
+    j.wait_workers(2)
+    return j
 
 
 LEFTOVERS = ("sem.mp-", "torch_", "loadertop-")

@@ -116,7 +116,7 @@ def test_every_item_of_every_epoch_once_across_a_change_and_across_a_change_that
     once, and a map-style loader the very batches of the untuned loop."""
     if "--stateful" in KINDS[kind] and importlib.util.find_spec("torchdata") is None:
         pytest.skip("needs torchdata (the test extras)")
-    common = (*KINDS[kind], "--epochs", "4", "--items", "320")
+    common = (*KINDS[kind], "--epochs", "4", "--items", "240")
     # The untuned loops, persistent or not (a persistent loader draws no seed for its workers
     # at each epoch, so its shuffles differ).
     runs = {False: start(*common), True: start(*common, "--persistent")}
@@ -133,7 +133,7 @@ def test_every_item_of_every_epoch_once_across_a_change_and_across_a_change_that
     for name, o in out.items():
         assert len(o["epochs"]) == 4, name
         for epoch in o["epochs"]:
-            assert sorted(epoch) == list(range(320)), (name, len(epoch), len(set(epoch)))
+            assert sorted(epoch) == list(range(240)), (name, len(epoch), len(set(epoch)))
         if not isinstance(name, tuple):
             continue
         persistent, fails = name

@@ -35,9 +35,8 @@ def test_trainer_with_its_own_small_dev_shm(job):
 
 
 @pytest.mark.skipif(not nobody_can_run_system_python(), reason="needs root, runuser and /usr/bin/python3")
-def test_unprivileged_user_sees_workers_and_is_told_what_is_missing(job, world_readable_loadertop):
-    j = job("--workers", "2", "--persistent", "--item-ms", "2")
-    j.wait_ready()
+def test_unprivileged_user_sees_workers_and_is_told_what_is_missing(watched_job, world_readable_loadertop):
+    j = watched_job
     truth = j.wait_workers(2)
     env = {"PYTHONPATH": world_readable_loadertop, "PATH": "/usr/bin:/bin"}
     r = subprocess.run(

@@ -9,14 +9,14 @@ import subprocess
 import sys
 import time
 
+import pytest
 from support.jobs import REPO, loadertop, wait_for
 
 from loadertop.outputs import record
 
 
-def test_record_then_report_from_the_recording(job, tmp_path):
-    j = job("--workers", "2", "--persistent", "--item-ms", "10")
-    j.wait_ready()
+def test_record_then_report_from_the_recording(watched_job, tmp_path):
+    j = watched_job
     path = tmp_path / "job.ltrec"
     r = loadertop("record", str(j.pid), "-o", str(path), "--duration", "3", "--interval", "0.5", "--no-stacks")
     assert r.returncode == 0, r.stderr
@@ -42,9 +42,8 @@ def test_record_then_report_from_the_recording(job, tmp_path):
     assert "<svg" in html and "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
 
 
-def test_killed_recorder_leaves_a_readable_file(job, tmp_path):
-    j = job("--workers", "1", "--persistent", "--item-ms", "10")
-    j.wait_ready()
+def test_killed_recorder_leaves_a_readable_file(watched_job, tmp_path):
+    j = watched_job
     path = tmp_path / "killed.ltrec"
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.Popen([sys.executable, "-m", "loadertop", "record", str(j.pid), "-o", str(path),
@@ -72,13 +71,12 @@ def test_report_formats_by_extension(tmp_path):
     assert r.returncode == 2 and ".html" in r.stderr
 
 
-def test_replay_in_a_terminal(job, tmp_path):
+def test_replay_in_a_terminal(watched_job, tmp_path):
     import shutil
 
     if not shutil.which("tmux"):
-        return
-    j = job("--workers", "2", "--persistent", "--item-ms", "10")
-    j.wait_ready()
+        pytest.skip("needs tmux")
+    j = watched_job
     path = tmp_path / "job.ltrec"
     assert loadertop("record", str(j.pid), "-o", str(path), "--duration", "2", "--interval", "0.5",
                      "--no-stacks").returncode == 0

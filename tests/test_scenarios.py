@@ -137,6 +137,20 @@ def test_healthy_job_has_no_findings():
     assert rep["trainers"][0]["data_wait_fraction"] < 0.15
 
 
+def test_a_starved_job_reads_higher_than_a_healthy_one_and_its_worker_is_read_from_its_stack():
+    # py-spy's reading (the data wait's nearness to the job's own: below, for every scenario).
+    s, h = only_trainer(rep_of("one_worker_light_main")), only_trainer(rep_of("healthy"))
+    assert s["data_wait"]["source"] == h["data_wait"]["source"] == "py-spy"
+    assert s["data_wait_fraction"] > h["data_wait_fraction"] + 0.3
+    assert s["data_wait"]["samples"] >= 40
+    assert s["data_wait"]["worker_wait_fraction"] > s["data_wait"]["main_process_fraction"]
+    # The starved job's worker is busy in the dataset; the loader's arguments are read.
+    assert any("MapData.__getitem__" in (w["doing"] or "") for w in s["workers"])
+    assert [w["worker_id"] for w in s["workers"]] == [0]
+    assert s["loaders"] == [{"dataset_class": "MapData", "num_workers": 1, "persistent_workers": True,
+                             "worker_pids": [s["workers"][0]["pid"]]}]
+
+
 def test_batches_of_many_small_tensors_are_slow_to_receive_not_to_load():
     # Each of the 256 tensors in a batch is its own shared-memory hand-over: the workers sit
     # waiting for indices while the loop waits receiving. More workers would not help, and
@@ -314,6 +328,28 @@ def by_rank(rep: dict) -> dict[int, dict]:
 
 def findings_of(rep: dict, trainer: dict) -> dict[str, dict]:
     return {f["id"]: f for f in rep["findings"] if f["trainer_pid"] == trainer["pid"]}
+
+
+@pytest.mark.parametrize("probe", ["py-spy", "hook"])
+def test_the_rank_that_waits_for_a_slow_shard_is_told_so_and_the_shard_is_named(probe):
+    rep = rep_of(f"ranks_slow_shard_{probe}")
+    ranks = by_rank(rep)
+    assert set(ranks) == {0, 1}
+    assert ranks[0]["verdict"] == "WAITS FOR RANK 1", (ranks[0]["verdict"], rep["findings"])
+    assert ranks[1]["verdict"].startswith("INPUT-BOUND")
+    waits = findings_of(rep, ranks[0])
+    assert set(waits) >= {"waits_for_rank"} and waits["waits_for_rank"]["change"] is None
+    assert waits["waits_for_rank"]["evidence"]["straggler_rank"] == 1
+    # How the rank's time in the sync was read: py-spy's frames, else /proc's blocked share.
+    assert waits["waits_for_rank"]["evidence"]["method"] == ("blocked" if probe == "hook" else "frames")
+    assert "input_bound" not in waits  # rank 0's own loader is not the problem
+    slow = findings_of(rep, ranks[1])
+    assert slow["input_bound"]["change"]["DataLoader"]["num_workers"] > 1
+    (job,) = rep["jobs"]
+    assert job["verdict"] == "INPUT-BOUND on rank 1 of 2"
+    assert job["straggler"]["rank"] == 1 and job["straggler"]["cause"] == "input"
+    assert job["straggler"]["pid"] == ranks[1]["pid"] and job["ranks"][0]["rank"] == 1
+    assert job["job"].startswith("run:")  # torchrun --standalone names its run
 
 
 @pytest.mark.parametrize("probe", ["py-spy", "hook"])

@@ -62,9 +62,8 @@ def tmux():
         t.close()
 
 
-def test_monitor_shows_worker_pids_and_quits_cleanly(job, tmux):
-    j = job("--workers", "2", "--persistent", "--item-ms", "5")
-    j.wait_ready()
+def test_monitor_shows_worker_pids_and_quits_cleanly(watched_job, tmux):
+    j = watched_job
     workers = j.wait_workers(2)
     term = tmux(f"{PYTHON} -m loadertop {j.pid}")
     wait_for(lambda: all(str(w) in term.screen() for w in workers), 30, what="worker PIDs on screen")

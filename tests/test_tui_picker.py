@@ -9,10 +9,8 @@ from loadertop.tui.source import LiveSource
 from loadertop.tui.widgets.header import HeaderPanel
 
 
-async def test_the_picker_lists_the_job_and_enter_attaches(job):
-    j = job("--workers", "2", "--persistent", "--item-ms", "5")
-    j.wait_ready()
-    j.wait_workers(2)
+async def test_the_picker_lists_the_job_and_enter_attaches(watched_job):
+    j = watched_job
     # The picked job is watched with the command line's options (here a 0.5 s tick, no py-spy).
     app = LoadertopApp(None, connect=lambda pids: LiveSource(pids, interval_s=0.5, stacks=False))
     async with app.run_test(size=(120, 36)) as pilot:

@@ -117,14 +117,14 @@ SCENARIOS = {s.name: s for s in (
              "the loop at torch's default threads: OVERSUBSCRIBED, OMP_NUM_THREADS=1, no more workers"),
     Scenario("main_threads_one", (*THREADS_JOB, "--main-threads", "1"),
              "the loop on one thread: no thread advice"),
-    # --- jobs of two ranks (was tests/test_ranks_live.py, but the slow shard: live there) -----
+    # --- jobs of two ranks (was tests/test_ranks_live.py; tuned on every rank: live there) ---
     *(Scenario(f"ranks_{kind}_{probe}", (*RANKS, *flags, *(("--watch",) if probe == "hook" else ())), claim,
                host="torchrun:2", duration=12.0, env={"OMP_NUM_THREADS": "1"}, ready_timeout=90.0)
       for kind, flags, claim in (
           ("slow_step", SLOW_STEP, "rank 1's step is slower: SLOWEST RANK, rank 0 waits for it, no loader change"),
           ("balanced", BALANCED, "alike ranks wait for no one"),
-          ("slow_shard", SLOW_SHARD, "rank 1 reads a slow shard: the live view puts the straggler first"))
-      for probe in ("py-spy", "hook") if kind != "slow_shard" or probe == "hook"),
+          ("slow_shard", SLOW_SHARD, "rank 1 reads a slow shard: rank 0 waits for it, rank 1 gets more workers"))
+      for probe in ("py-spy", "hook")),
     # --- before and after (was tests/test_diff.py's live test) -------------------------------
     Scenario("diff_one_worker", ("--workers", "1", *DIFF_JOB), "1 worker starves the loop: diff's before",
              stacks=False, sampled_as="record"),
