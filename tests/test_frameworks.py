@@ -54,9 +54,9 @@ def test_each_framework_loop_is_found_measured_and_flagged(job, tmp_path, framew
             for framework in frameworks for hook in (False, True)}
     for j in jobs.values():
         j.wait_ready(timeout=120)
-    # 20 s at 50 Hz: ~1000 samples a trainer, so py-spy's sampling error (1.4 points) stays
+    # 12 s at 50 Hz: ~600 samples a trainer, so py-spy's sampling error (1.8 points) stays
     # well inside the ±5 asked, and every worker is told apart by its stack in time.
-    r = loadertop("snapshot", *(str(j.pid) for j in jobs.values()), "--duration", "20", "--interval", "0.5",
+    r = loadertop("snapshot", *(str(j.pid) for j in jobs.values()), "--duration", "12", "--interval", "0.5",
                   "--json")
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)

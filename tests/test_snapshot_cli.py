@@ -19,24 +19,30 @@ from loadertop.sampler import Sampler
 from loadertop.started import stop_job
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
-def test_workers_found_for_each_start_method(job, context):
-    j = job("--workers", "3", "--context", context, "--item-ms", "2", "--persistent")
-    j.wait_ready()
-    truth = j.wait_workers(3)
-    trainer = only_trainer(snapshot(j.pid))
-    assert trainer["pid"] == j.pid
-    assert {w["pid"] for w in trainer["workers"]} == truth
-    if context != "fork":
-        # spawn and forkserver start a resource tracker: a child, but never a worker
-        helpers = [p for p in descendants(j.pid) if comm(p) != "pt_data_worker"]
-        assert helpers, "expected multiprocessing helpers under the trainer"
-        assert not set(helpers) & {w["pid"] for w in trainer["workers"]}
-    for w in trainer["workers"]:
-        assert w["rss_bytes"] > 0 and w["threads"] >= 1
-        assert w["cpu_percent"] is not None and w["uss_bytes"] is not None
-        # read every tick (each worker's main thread), not only on the slow cadence
-        assert w["runqueue_wait_s_per_s"] is not None
+def test_workers_found_for_each_start_method(job):
+    # One job per start method, started together and read in one snapshot.
+    contexts = ("fork", "spawn", "forkserver")
+    jobs = {c: job("--workers", "3", "--context", c, "--item-ms", "2", "--persistent") for c in contexts}
+    truths = {}
+    for c, j in jobs.items():
+        j.wait_ready()
+        truths[c] = j.wait_workers(3)
+    report = snapshot(*(j.pid for j in jobs.values()))
+    by_pid = {t["pid"]: t for t in report["trainers"]}
+    assert set(by_pid) == {j.pid for j in jobs.values()}
+    for context, j in jobs.items():
+        trainer = by_pid[j.pid]
+        assert {w["pid"] for w in trainer["workers"]} == truths[context], context
+        if context != "fork":
+            # spawn and forkserver start a resource tracker: a child, but never a worker
+            helpers = [p for p in descendants(j.pid) if comm(p) != "pt_data_worker"]
+            assert helpers, f"expected multiprocessing helpers under the {context} trainer"
+            assert not set(helpers) & {w["pid"] for w in trainer["workers"]}
+        for w in trainer["workers"]:
+            assert w["rss_bytes"] > 0 and w["threads"] >= 1
+            assert w["cpu_percent"] is not None and w["uss_bytes"] is not None
+            # read every tick (each worker's main thread), not only on the slow cadence
+            assert w["runqueue_wait_s_per_s"] is not None
 
 
 def test_iterable_dataset_and_validation_loader_both_counted(job):
