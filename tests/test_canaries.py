@@ -63,6 +63,11 @@ CANARIES = {"quota": _quota, "stopped": _stopped, "small_shm_fills": _shm, "pinn
             "worker_threads": _pools, "main_threads_default": _loop_threads}
 
 
+# Verdicts that are one outcome of a scenario: a /dev/shm that full crashes a worker (a Bus
+# error, the job EXITED) at a moment of the host's choosing, before the window ends or after.
+SAME_OUTCOME = {"small_shm_fills": {"SHM FULL", "EXITED"}}
+
+
 def _busy(rep: dict) -> bool:
     return any(((t.get("plan") or {}).get("evidence") or {}).get("cpu_limit") == "busy_host" for t in rep["trainers"])
 
@@ -80,4 +85,5 @@ def test_a_live_snapshot_reads_what_its_recorded_twin_read(name):
     busy = _busy(rep)
     CANARIES[name](rep, busy)
     if not busy:  # on a busy host the model answers for that load, not for the quiet twin's
-        assert kind_of(rep["verdict"]) == kind_of(twin["verdict"]), (rep["verdict"], twin["verdict"])
+        said, recorded = kind_of(rep["verdict"]), kind_of(twin["verdict"])
+        assert said == recorded or {said, recorded} <= SAME_OUTCOME.get(name, set()), (rep["verdict"], twin["verdict"])

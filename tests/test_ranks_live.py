@@ -21,7 +21,7 @@ def test_tune_on_every_rank_moves_only_the_straggler(job):
 
     from support.jobs import wait_for
 
-    j = job(*COMMON, *JOBS["slow-loader"], "--tune", "--epoch-items", "800",
+    j = job(*COMMON, *JOBS["slow-loader"], "--tune", "--epoch-items", "400", module="support.fast_tune_job",
             cmd=[TORCHRUN, "--standalone", "--nproc_per_node=2"], env={"OMP_NUM_THREADS": "1"})
 
     def tune(rank: int) -> dict | None:

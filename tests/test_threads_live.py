@@ -19,7 +19,8 @@ def test_tune_limits_the_loops_threads_in_place_and_keeps_it_as_measured_faster(
     # tune=True on the same job: torch.set_num_threads takes effect at once, so the tuner tries
     # the loop's threads at an epoch boundary like any other knob, and keeps the limit only
     # where its epochs measure faster (1.5-1.8x here).
-    j = job(*JOB, "--main-threads", "0", "--tune", "--epoch-items", "400", "--duration", "150")
+    j = job(*JOB, "--main-threads", "0", "--tune", "--epoch-items", "400", "--duration", "150",
+            module="support.fast_tune_job")
     j.wait_ready()
 
     def decided():

@@ -462,8 +462,8 @@ class Tuner:
             self._record(judged)
         elif explorer.bracketing:
             gain, noise = compare(stretch, explorer.kept_stretch or stretch)
-            log.info("loadertop tune %s: epoch %d: %s measured %+.0f%% steps/s (noise ±%.0f%%); %s again to "
-                     "read the host after it", self.name, self.epoch, knobs.short(explorer.kept), gain * 100,
+            log.info("loadertop tune %s: epoch %d: %s: measured %+.0f%% steps/s (noise ±%.0f%%); %s again, "
+                     "to read the host after it", self.name, self.epoch, explorer.kept.arrow(knobs), gain * 100,
                      noise * 100 if noise < 10 else 999, explorer.kept.short(knobs))
         elif explorer.trial is not None and explorer.rounds:
             log.info("loadertop tune %s: epoch %d: the host's load moved %s around the trial: %s once more",

@@ -257,6 +257,10 @@ def main() -> None:
         args.truth = args.truth and f"{args.truth}.{rank}"
         args.hook = args.hook or args.hook_rank == int(rank)
     torch.set_num_threads(1)
+    if args.tune:
+        from support.fast_tune_job import fast
+
+        fast()  # the tests watch it tune: a test of seconds, not of the defaults' pace
     run = {"stateful": stateful, "lightning": lightning, "accelerate": accelerate, "huggingface": huggingface}
     run[args.framework](args, Truth(args))
 
