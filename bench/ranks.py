@@ -80,7 +80,8 @@ def tuned(c: A.Case, args) -> dict:
             ranks.append({"rank": r, "setting": tune.get("setting"), "state": tune.get("state"),
                           "reason": tune.get("reason"),
                           "decisions": [(d["action"], d["epoch"], (d.get("to") or {}).get("num_workers"))
-                                        for d in tune.get("decisions", [])]})
+                                        for d in tune.get("decisions", [])],
+                          "texts": [d["text"] for d in tune.get("decisions", [])]})
         last = max((e for rk in ranks for _, e, _ in rk["decisions"]), default=0)
         return {"rate": rate, "settled_by_epoch": last, "ranks": ranks, "seconds": end - started}
 
@@ -143,6 +144,11 @@ def main() -> int:
                   f" | waiting rank changed: {run['waiting_changed']}", flush=True)
             for rk in run["ranks"]:
                 print(f"    rank {rk['rank']}: {rk['decisions']}", flush=True)
+                for text in rk["texts"]:
+                    print(f"        {text}", flush=True)
+            # Every revert says why (issue 45): its line ends with the reason.
+            run["reverts_without_why"] = [t for rk in run["ranks"] for t in rk["texts"]
+                                          if ", reverted" in t and not t.split(", reverted", 1)[1].startswith(": ")]
         print(f"    {name}: tuned runs' mean {tuned_mean:.1f} steps/s = {row['of_best']:.2f} of w={best_w}", flush=True)
         if "same_decisions" in row:
             print(f"    balanced runs made the same decisions: {row['same_decisions']}", flush=True)
