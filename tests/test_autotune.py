@@ -238,9 +238,10 @@ def drive(tuner, loader, epochs, step_s, wait_share=0.0, batches=60):
         tuner.begin(loader)
         seen.append(loader.num_workers)
         step = step_s(loader.num_workers)
+        share = wait_share(loader.num_workers) if callable(wait_share) else wait_share
         for _ in range(batches):
             clock[0] += int(step * 1e9)
-            tuner.delivered(clock[0], int(step * wait_share * 1e9))
+            tuner.delivered(clock[0], int(step * share * 1e9))
         tuner.end()
     return seen
 
@@ -273,6 +274,19 @@ def test_a_waiting_loop_gets_more_workers_kept_when_faster_and_reverted_when_not
     flat = Loader(workers=1)
     drive(slower, flat, 10, lambda n: 0.02 * (1 + 0.1 * (n > 1)), wait_share=0.75)  # more is slower
     assert flat.num_workers == 1 and "revert" in [d.action for d in slower.decisions]
+
+
+def test_a_kept_trial_settles_under_its_own_reading_not_the_setting_before_it(quiet_host, caplog):
+    # The setting before is read again after the trial (A B A): what the tuner settled under
+    # is the kept trial's data wait, not that last reading's (a settled straggler at 8 workers
+    # looked again at once: "data wait 93% -> 52% since it settled").
+    t, _ = make_tuner()
+    loader = Loader(workers=1)
+    with caplog.at_level("INFO", logger="loadertop.tune"):
+        drive(t, loader, 24, lambda n: 0.08 / min(n, 4), wait_share=lambda n: 0.75 if n < 4 else 0.05)
+    assert t.state == "settled" and loader.num_workers >= 4, t.decisions
+    assert t.settled_under is not None and t.settled_under[0] < 0.2, t.settled_under
+    assert not [r for r in caplog.records if "looking again" in r.getMessage()]
 
 
 class PrefetchLoader:

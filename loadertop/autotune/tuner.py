@@ -476,8 +476,13 @@ class Tuner:
         if explorer.settled:
             self.reason = "" if self.reason.startswith("looking again") else self.reason
             # What it settled under: looked at every epoch, and looked again once it changes.
-            self.settled_under = (stretch.wait_share, measured.budget.cpus)
-            self.watch_reading = last
+            # The setting it settled on's own reading: where a trial was kept, the trial's (the
+            # stretch just read is the setting before, read again after it).
+            kept = explorer.kept_stretch if explorer.kept_stretch is not None else stretch
+            kept_cpus = kept.measured.budget.cpus if kept.measured is not None else measured.budget.cpus
+            self.settled_under = (kept.wait_share, kept_cpus)
+            # The CPUs are read again from the workers that run from the next boundary on.
+            self.watch_reading = last if kept is stretch else None
         self.durations = []
         self.wait_ns = 0
         self.readings = []
