@@ -97,12 +97,16 @@ def dev_shm_left_as_found():
         try:
             with open(f"/proc/{pid}/maps") as f:
                 in_use.update(re.findall(r"/dev/shm/(\S+)", f.read()))
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if target.startswith("/dev/shm/"):
-                    in_use.add(target[len("/dev/shm/"):])
+            fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:
             continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue  # closed meanwhile
+            if target.startswith("/dev/shm/"):
+                in_use.add(target[len("/dev/shm/"):])
     try:
         entries = list(os.scandir("/dev/shm"))
     except OSError:

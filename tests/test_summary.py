@@ -38,14 +38,17 @@ def test_a_recording_and_a_snapshot_of_a_job_that_ends_give_its_summary(job, tmp
     assert "the job ended" in snapshot and "Last verdict" in snapshot, snapshot
     # The recording has it written beside it.
     written = (tmp_path / "run.summary.md").read_text()
-    assert "the job ended" in written and "Last verdict: **INPUT-BOUND" in written, written
-    assert "steps/s" in written and "±" in written, written
-    # The change, in the flag that set the job's worker count (`--workers 1`), as the header
-    # says it; where other processes kept the CPUs busy, what the plan made of that instead.
+    assert "the job ended" in written and "steps/s" in written and "±" in written, written
+    # The verdict and the change, in the flag that set the job's worker count (`--workers 1`),
+    # as the header says it; where other processes kept the CPUs busy, what the model makes of
+    # that load instead (BUSY HOST; no change where they took the CPU a second worker needs).
     report = json.loads(loadertop("snapshot", "--from", str(rec), "--json").stdout)
     plan = report["trainers"][0]["plan"]
+    others_busy = plan["evidence"]["other_processes_cpus"] >= 0.25 * plan["evidence"]["cpu_set"]
+    assert "Last verdict: **INPUT-BOUND" in written or (others_busy and "Last verdict: **BUSY HOST" in written), \
+        (written, plan["evidence"])
     if plan["change"] is None:  # only where others took the CPUs a second worker would need
-        assert plan["evidence"]["other_processes_cpus"] >= 0.25 * plan["evidence"]["cpu_set"], plan
+        assert others_busy, plan
         assert "No setting to change" in written, written
     else:
         assert "Change `--workers 1 -> " in written, (written, plan)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
 import time
 import warnings
@@ -462,9 +463,10 @@ class Tuner:
             self._record(judged)
         elif explorer.bracketing:
             gain, noise = compare(stretch, explorer.kept_stretch or stretch)
-            log.info("loadertop tune %s: epoch %d: %s: measured %+.0f%% steps/s (noise ±%.0f%%); %s again, "
-                     "to read the host after it", self.name, self.epoch, explorer.kept.arrow(knobs), gain * 100,
-                     noise * 100 if noise < 10 else 999, explorer.kept.short(knobs))
+            spread = f" (noise ±{noise:.0%})" if math.isfinite(noise) else ""
+            log.info("loadertop tune %s: epoch %d: %s: measured %+.0f%% steps/s%s against the stretch before; "
+                     "%s again, to read the host after it", self.name, self.epoch, explorer.kept.arrow(knobs),
+                     gain * 100, spread, explorer.kept.short(knobs))
         elif explorer.trial is not None and explorer.rounds:
             log.info("loadertop tune %s: epoch %d: the host's load moved %s around the trial: %s once more",
                      self.name, self.epoch, explorer.kept.short(explorer.trial), explorer.trial.short(explorer.kept))

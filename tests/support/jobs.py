@@ -63,7 +63,9 @@ class Job:
         # cmd: a launcher or wrapper in front (torchrun, unshare ... python): it gets "-m ...".
         self.cmd = (cmd or [PYTHON]) + run + list(args)
         full_env = dict(os.environ)
-        full_env.setdefault("PYTHONPATH", f"{REPO}{os.pathsep}{REPO / 'tests'}")
+        # The repository and tests/ (for the jobs in support/), after whatever path is set.
+        paths = [p for p in full_env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        full_env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in (str(REPO), str(REPO / "tests")) if p not in paths])
         full_env.update(env or {})
         self.log = open(tmp / f"job-{time.monotonic_ns()}.log", "w")  # noqa: SIM115 (closed in kill)
         self.proc = subprocess.Popen(
