@@ -27,8 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import signal
 import statistics
 import sys
 import time
@@ -40,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import advice as A  # noqa: E402  (its jobs and runs)
 import ranks as R  # noqa: E402  (its two-rank jobs)
 from autotune import tuned_run, with_epochs  # noqa: E402
-from consistency import detached  # noqa: E402
+from consistency import Hog, detached  # noqa: E402
 
 from loadertop.demo.job import calibrate  # noqa: E402
 
@@ -57,19 +55,12 @@ while True:
 """
 
 
-class ComingAndGoing:
+class ComingAndGoing(Hog):
     """Two busy loops that run and sleep together, detached (loadertop counts its own
-    children's CPU as its own, not the host's)."""
+    children's CPU as its own, not the host's); closed as the Hog is."""
 
     def __init__(self, on: float, off: float) -> None:
         self.pids = [detached([sys.executable, "-c", LOAD, str(on), str(off), "100000"]) for _ in range(2)]
-
-    def close(self) -> None:
-        for pid in self.pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def setting_of(start: A.Setting, knobs: dict) -> A.Setting:
