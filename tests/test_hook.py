@@ -46,6 +46,45 @@ def test_iteration_is_unchanged_and_counted(tmp_path):
     assert h["config"]["num_workers"] == 2 and h["config"]["persistent_workers"] is True
 
 
+def _torn(raw: bytes) -> bytes:
+    """The file as a read in the middle of the trainer's write of its wait in progress sees it:
+    the low half of a new time beside the high half of none."""
+    import struct
+
+    from loadertop.hookfile import HEADER
+
+    at = HEADER.size - 8
+    half = struct.pack("<d", time.time())[:4] + b"\0\0\0\0"
+    return raw[:at] + half + raw[at + 8 :]
+
+
+@pytest.mark.parametrize("torn_reads, whole", [(1, True), (2, False)], ids=["once", "every time"])
+def test_a_read_torn_by_the_trainers_write_is_read_again(tmp_path, monkeypatch, torn_reads, whole):
+    # A read that lands in the middle of the trainer's rewrite saw "its wait in progress began
+    # before the process" (a torn 8-byte time): one more read gets the whole file; a file that
+    # is damaged on every read is still called damaged.
+    import os
+
+    from loadertop.probes import hook_files
+
+    lt.watch(Loader([1, 2]), name="torn", directory=str(tmp_path))
+    path = hook_path(os.getpid(), "torn", str(tmp_path))
+    reads = []
+    real = hook_files._read_bytes
+
+    def read(p, owner):
+        raw = real(p, owner)
+        reads.append(p)
+        return _torn(raw) if len(reads) <= torn_reads else raw
+
+    monkeypatch.setattr(hook_files, "_read_bytes", read)
+    if whole:
+        assert read_hook(path)["pid"] == os.getpid() and len(reads) == 2
+    else:
+        with pytest.raises(hook_files.HookError, match="began before the process"):
+            read_hook(path)
+
+
 def test_a_loader_watched_again_under_its_name_goes_on_with_the_same_figures(tmp_path):
     # A loader re-created each epoch, or resumed from a state_dict, is watched again under
     # its name: one file, counters that go on, no warning.

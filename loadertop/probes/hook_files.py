@@ -173,7 +173,24 @@ def _finite(*values: float) -> bool:
 
 def read_hook(path: str, owner: int | None = None) -> dict | None:
     """One hook file: None if it is gone; HookError if it is not a valid hook (of `owner`'s,
-    when given)."""
+    when given).
+
+    The trainer rewrites its file in place with plain writes, so a read can land in the middle
+    of one (half of an 8-byte time, half of the settings' JSON): contents that do not parse are
+    read once more before the file is called damaged. A file that is damaged stays damaged."""
+    raw = _read_bytes(path, owner)
+    if raw is None:
+        return None
+    try:
+        return _parsed(raw, path)
+    except HookError:
+        raw = _read_bytes(path, owner)
+        if raw is None:
+            return None
+        return _parsed(raw, path)
+
+
+def _read_bytes(path: str, owner: int | None) -> bytes | None:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
@@ -188,9 +205,12 @@ def read_hook(path: str, owner: int | None = None) -> dict | None:
             raise HookError(f"it is larger than {SIZE} bytes")
         if owner is not None and st.st_uid != owner:
             raise HookError(f"it belongs to user {st.st_uid}, not to the trainer's user {owner}")
-        raw = os.read(fd, SIZE)
+        return os.read(fd, SIZE)
     finally:
         os.close(fd)
+
+
+def _parsed(raw: bytes, path: str) -> dict:
     if len(raw) < HEADER.size or raw[:8] != MAGIC:
         raise HookError("it is not a loadertop hook file")
     _, pid, started, beat, wait_ns, batches, first, last, nbytes, clen, in_next = HEADER.unpack_from(raw, 0)
