@@ -106,6 +106,8 @@ def test_a_full_dev_shm_or_an_unreadable_proc_turns_the_tuner_off_with_one_warni
 KINDS = {  # the loaders the tuner touches, each over a map-style and a sharded iterable dataset
     "map": (), "sharded-iterable": ("--iterable",),
     "stateful-map": ("--stateful",), "stateful-sharded-iterable": ("--stateful", "--iterable"),
+    # webdataset's idiom (issue 45): the dataset yields batches, the loader has batch_size=None
+    "self-batching-iterable": ("--iterable", "--self-batching"),
 }
 
 
@@ -118,8 +120,9 @@ def test_every_item_of_every_epoch_once_across_a_change_and_across_a_change_that
         pytest.skip("needs torchdata (the test extras)")
     common = (*KINDS[kind], "--epochs", "4", "--items", "240")
     # The untuned loops, persistent or not (a persistent loader draws no seed for its workers
-    # at each epoch, so its shuffles differ).
-    runs = {False: start(*common), True: start(*common, "--persistent")}
+    # at each epoch, so its shuffles differ); an iterable's order follows the worker count, so
+    # its tuned runs are held to every item once, not to the untuned order.
+    runs = {} if "--iterable" in KINDS[kind] else {False: start(*common), True: start(*common, "--persistent")}
     for persistent in (False, True):
         for fails in (False, True):
             extra = (*(["--persistent"] if persistent else []), *(["--fail-change"] if fails else []))

@@ -41,16 +41,26 @@ class Sharded(IterableDataset):
     """Items 0..length-1, each worker yielding its share (i % workers == worker id): the epoch
     yields every item once whatever the count, in an order that depends on it."""
 
-    def __init__(self, length: int, sleep_ms: float) -> None:
+    def __init__(self, length: int, sleep_ms: float, batches_of: int = 0) -> None:
         self.length = length
         self.sleep_ms = sleep_ms
+        self.batches_of = batches_of  # > 0: it batches itself (webdataset's `.batched(n)`)
 
     def __iter__(self):
         info = get_worker_info()
         wid, count = (info.id, info.num_workers) if info is not None else (0, 1)
+        batch: list[int] = []
         for i in range(wid, self.length, count):
             time.sleep(self.sleep_ms / 1000.0)
-            yield torch.tensor(i)
+            if not self.batches_of:
+                yield torch.tensor(i)
+                continue
+            batch.append(i)
+            if len(batch) == self.batches_of:
+                yield torch.tensor(batch)
+                batch = []
+        if batch:
+            yield torch.tensor(batch)
 
 
 def fail_first_change(loader, start: int) -> None:
@@ -83,6 +93,8 @@ def main() -> None:
     p.add_argument("--stateful", action="store_true", help="torchdata's StatefulDataLoader, one long epoch")
     p.add_argument("--persistent", action="store_true")
     p.add_argument("--iterable", action="store_true", help="an IterableDataset sharded by worker")
+    p.add_argument("--self-batching", action="store_true",
+                   help="with --iterable: the dataset yields batches, the loader has batch_size=None")
     p.add_argument("--fail-change", action="store_true", help="the first change's iterator fails to start")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--epochs", type=int, default=6)
@@ -96,8 +108,9 @@ def main() -> None:
         TU.MIN_STRETCH_S = TU.MID_EPOCH_STRETCH_S = args.stretch_s
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    dataset = Sharded(args.items, args.sleep_ms) if args.iterable else Indexed(args.items, args.sleep_ms)
-    kwargs = dict(batch_size=args.batch_size, shuffle=not args.iterable, num_workers=args.workers,
+    batches_of = args.batch_size if args.self_batching else 0
+    dataset = Sharded(args.items, args.sleep_ms, batches_of) if args.iterable else Indexed(args.items, args.sleep_ms)
+    kwargs = dict(batch_size=None if batches_of else args.batch_size, shuffle=not args.iterable, num_workers=args.workers,
                   persistent_workers=args.persistent and args.workers > 0)
     if args.stateful:
         from torchdata.stateful_dataloader import StatefulDataLoader
