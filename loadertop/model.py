@@ -269,18 +269,25 @@ class Decision:
     epoch: int = 0  # the loader's epoch when decided (1 = the first)
     batch: int = 0  # batches the loop had taken
     at: float = 0.0  # epoch seconds
+    # What the model predicted for the trial (try, and the keep or revert that judged it): the
+    # measured gain beside it is how far the model was off for this job.
+    predicted: float | None = None
 
     def __post_init__(self) -> None:
         if self.noise is not None and not math.isfinite(self.noise):
             object.__setattr__(self, "noise", None)  # too few chunks to tell: no figure
+        if self.predicted is not None and not math.isfinite(self.predicted):
+            object.__setattr__(self, "predicted", None)
 
     def text(self) -> str:
         """'epoch 3: num_workers 2 -> 4, measured +38 % steps/s (noise ±6 %), kept'."""
         head = f"epoch {self.epoch}: " if self.epoch else ""
         measured = ""
         if self.gain is not None:
-            noise = f" (noise ±{self.noise:.0%})" if self.noise is not None else ""
-            measured = f", measured {self.gain:+.0%} steps/s{noise}"
+            said = [f"noise ±{self.noise:.0%}"] if self.noise is not None else []
+            if self.predicted is not None:
+                said.append(f"the model predicted {self.predicted:+.0%}")
+            measured = f", measured {self.gain:+.0%} steps/s" + (f" ({'; '.join(said)})" if said else "")
         if self.action == "try" and self.old and self.new:
             return f"{head}{self.old.arrow(self.new)}: trying ({self.reason})" if self.reason else \
                 f"{head}{self.old.arrow(self.new)}: trying"
@@ -297,6 +304,7 @@ class Decision:
                 "from": self.old.as_dict() if self.old else None, "to": self.new.as_dict() if self.new else None,
                 "measured_gain": None if self.gain is None else round(self.gain, 4),
                 "noise": None if self.noise is None else round(self.noise, 4),
+                "predicted_gain": None if self.predicted is None else round(self.predicted, 4),
                 "reason": self.reason, "text": self.text()}
 
 

@@ -74,6 +74,20 @@ def test_a_faster_trial_is_kept_and_a_trial_within_the_noise_is_reverted():
     assert reverted.text().endswith("reverted: within the noise of num_workers=4 measured before and after it")
 
 
+def test_a_trials_decisions_carry_the_models_prediction_beside_the_measurement():
+    e = Explorer(ONE)
+    e.judge(stretch(ONE, 10.0))
+    tried = e.propose(Proposal(moves=((FOUR, "the model predicts +31% steps/s"),), predicted=((FOUR, 0.31),)))
+    assert tried.predicted == 0.31
+    kept = trial(e, FOUR, 92.0, after=10.0)
+    assert kept.action == "keep" and kept.predicted == 0.31
+    assert "measured +820% steps/s (noise ±" in kept.text() and "; the model predicted +31%), kept" in kept.text()
+    unpredicted = e.propose(Proposal(moves=((Knobs(6, 2), "the loop waits 8% of the time for data"),)))
+    assert unpredicted.predicted is None
+    reverted = trial(e, Knobs(6, 2), 80.0, after=92.0)
+    assert reverted.action == "revert" and reverted.predicted is None and "predicted" not in reverted.text()
+
+
 def test_it_settles_once_no_untried_setting_is_left_and_never_tries_one_twice():
     e = Explorer(TWO)
     e.judge(stretch(TWO, 10.0))

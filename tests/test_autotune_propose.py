@@ -56,3 +56,14 @@ def test_workers_that_would_queue_for_the_cpus_keep_the_models_count():
     cpu_bound = one_worker(0.70, 95.0)
     assert P.make_plan(cpu_bound.measured).chosen.num_workers == 2
     assert first_move(cpu_bound) == 2
+
+
+def test_each_move_carries_the_models_predicted_gain_where_it_gives_one():
+    # The trial's decisions carry it, so the advice can show the measured gain beside it.
+    s = one_worker(0.70, 60.0)
+    proposal = propose(s, persistent=True)
+    predicted = dict(proposal.predicted)
+    first, why = proposal.moves[0]
+    assert why == f"the model predicts {predicted[first]:+.0%} steps/s"
+    assert predicted[first] == P.make_plan(s.measured).gain
+    assert all(isinstance(g, float) for g in predicted.values())

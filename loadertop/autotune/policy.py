@@ -161,6 +161,9 @@ class Proposal:
     in the order to try them, each with why."""
 
     moves: tuple[tuple[Knobs, str], ...] = ()
+    # The model's predicted gain of a move over the kept setting, where it gives one: carried
+    # by the trial's decisions, so that what it measured is read beside what was predicted.
+    predicted: tuple[tuple[Knobs, float], ...] = ()
 
 
 class Explorer:
@@ -172,6 +175,7 @@ class Explorer:
         self.trial: Knobs | None = None
         # The trial's measurement while the setting kept is measured again after it (A B A).
         self.trial_stretch: Stretch | None = None
+        self.trial_predicted: float | None = None  # the model's gain for the trial in flight
         self.rounds = 0  # rounds of the trial in flight (one more where the host moved)
         self.measured: dict[Knobs, Stretch] = {}  # every setting's latest measurement
         self.rejected: set[Knobs] = set()  # trials measured no better than the setting kept then
@@ -199,7 +203,7 @@ class Explorer:
 
     def drop_trial(self) -> None:
         """The trial in flight is dropped unjudged (another rank decides meanwhile)."""
-        self.trial, self.trial_stretch, self.rounds = None, None, 0
+        self.trial, self.trial_stretch, self.rounds, self.trial_predicted = None, None, 0, None
 
     def judge(self, stretch: Stretch) -> Decision | None:
         """A stretch measured at the current setting: after the trial's and the setting kept's
@@ -211,7 +215,7 @@ class Explorer:
         if self.trial_stretch is None:
             self.trial_stretch = stretch  # B: now A again
             return None
-        old, trial = self.kept, self.trial
+        old, trial, predicted = self.kept, self.trial, self.trial_predicted
         b = bracket(self.trial_stretch, self.kept_stretch, stretch)
         if self.rounds == 0 and (b.host_moved >= HOST_MOVED_CPUS or (
                 abs(b.gain) <= b.noise and b.moved > b.statistical)):
@@ -223,11 +227,12 @@ class Explorer:
             self.replaced.add(old)
             self.kept, self.kept_stretch = trial, self.trial_stretch
             self.drop_trial()
-            return Decision("keep", old, trial, b.gain, b.noise)
+            return Decision("keep", old, trial, b.gain, b.noise, predicted=predicted)
         self.rejected.add(trial)
         self.kept_stretch = stretch
         self.drop_trial()
-        return Decision("revert", trial, old, b.gain, b.noise, reason=revert_reason(b, old.short(trial)))
+        return Decision("revert", trial, old, b.gain, b.noise, reason=revert_reason(b, old.short(trial)),
+                        predicted=predicted)
 
     def propose(self, proposal: Proposal) -> Decision | None:
         """The next trial, or settling: from the kept setting's latest measurement."""
@@ -236,8 +241,9 @@ class Explorer:
         for knobs, why in proposal.moves:
             if knobs != self.kept and knobs not in self.rejected | self.replaced and self.trials < MAX_TRIALS:
                 self.trial, self.trial_stretch, self.rounds = knobs, None, 0
+                self.trial_predicted = dict(proposal.predicted).get(knobs)
                 self.trials += 1
-                return Decision("try", self.kept, knobs, reason=why)
+                return Decision("try", self.kept, knobs, reason=why, predicted=self.trial_predicted)
         self.settled = True
         tried = sorted(self.rejected, key=lambda k: (k.num_workers, k.prefetch_factor or 0))
         reason = "no other setting is likely to be faster" if not tried else \

@@ -36,6 +36,12 @@ def propose(stretch: Stretch, persistent: bool, stateful: bool = False) -> Propo
     now = Setting(knobs.num_workers, 0, knobs.prefetch_factor or 2)
     plan = P.make_plan(m)
     moves: list[tuple[Knobs, str]] = _thread_moves(m, knobs, plan)
+    predicted: dict[Knobs, float] = {}
+    if plan.gain is not None:  # the plan's thread change, where a move is it
+        for k, _ in moves:
+            if (k.main_threads != knobs.main_threads and plan.cause == P.MAIN_THREADS) or (
+                    k.worker_threads != knobs.worker_threads and plan.cause == P.THREADS):
+                predicted[k] = plan.gain
     low = 1 if knobs.num_workers > 0 else 0
     top = P.most_workers(m, now, plan.cause) if knobs.num_workers or not stateful else 0
     batch = P.batch_bytes(m)
@@ -57,6 +63,7 @@ def propose(stretch: Stretch, persistent: bool, stateful: bool = False) -> Propo
                 suggested, gain = rounded, coarse[1]
         if allowed(suggested) and (suggested.num_workers > 0 or not (persistent or stateful)):
             moves.append((suggested, f"the model predicts {gain:+.0%} steps/s"))
+            predicted[suggested] = gain
     down, up = neighbours(knobs.num_workers, low, top)
     wait = m.wait or 0.0
     # More workers only while the loop waits as the field calls input-bound (a few % is
@@ -85,7 +92,12 @@ def propose(stretch: Stretch, persistent: bool, stateful: bool = False) -> Propo
                              f"trainer keeps {_busy(m)} CPUs busy"))
     if wait < T.DATA_WAIT_WARNING:  # the loop hardly waits: fewer is the likelier gain
         moves.sort(key=lambda mv: mv[0].num_workers > knobs.num_workers)
-    return Proposal(moves=tuple(moves))
+    if t is not None:  # the model's figure for the neighbours it did not propose itself
+        current = predict(t, now)
+        for k, _ in moves:
+            if k not in predicted and k.num_workers != knobs.num_workers:
+                predicted[k] = predict(t, Setting(k.num_workers, 0, k.prefetch_factor or 2)).gain_over(current)
+    return Proposal(moves=tuple(moves), predicted=tuple(predicted.items()))
 
 
 def _on_the_coarse_ladder(t: Terms | None, plan: P.Plan, top: int) -> tuple[int, float] | None:

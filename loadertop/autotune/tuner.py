@@ -26,6 +26,7 @@ import time
 import warnings
 from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
+from dataclasses import replace
 
 from ..model import Decision, Knobs
 from ..probes import procfs
@@ -655,8 +656,7 @@ class Tuner:
     # --- telling ------------------------------------------------------------------------
 
     def _record(self, d: Decision) -> None:
-        d = Decision(d.action, d.old, d.new, d.gain, d.noise, d.reason, epoch=self.epoch, batch=self.batches,
-                     at=time.time())
+        d = replace(d, epoch=self.epoch, batch=self.batches, at=time.time())
         self.decisions.append(d)
         log.info("loadertop tune %s: %s", self.name, d.text())
 

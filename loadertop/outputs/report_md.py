@@ -62,6 +62,9 @@ def plan_line(t: dict) -> str:
         parts.append(f"{section}({', '.join(f'{k}={v}' for k, v in values.items())})")
     gain = plan.get("predicted_gain")
     effect = f": predicted {gain:+.0%} steps/s" if gain is not None else ""
+    measured = plan.get("measured") or {}
+    if measured.get("of_this_change"):  # the loader's tuner tried this very change on this job
+        effect += f", measured {measured['measured_gain']:+.0%} in place by tune=True"
     loader = f" for {code(change['dataset'])}" if change.get("dataset") else ""
     return f"Change {code(' '.join(parts))}{loader}{effect}."
 
@@ -76,11 +79,12 @@ def tune_lines(t: dict) -> list[str]:
         name = f" for {code(loader['dataset_class'])}" if loader.get("dataset_class") else ""
         out += [f"In-place tuning{name}: {code(tune['summary'])} (its own cost so far: "
                 f"{_num(tune['cost_s'], '{:.3f}')} s).",
-                "", "| epoch | decision | measured steps/s | noise |", "|---|---|---|---|"]
+                "", "| epoch | decision | measured steps/s | noise | the model predicted |", "|---|---|---|---|---|"]
         for d in tune["decisions"]:
             gain = _num(d["measured_gain"], "{:+.0%}")
             noise = _num(d["noise"], "±{:.0%}")
-            out.append(f"| {d['epoch']} | {cell(d['text'].split(': ', 1)[-1])} | {gain} | {noise} |")
+            predicted = _num(d.get("predicted_gain"), "{:+.0%}")
+            out.append(f"| {d['epoch']} | {cell(d['text'].split(': ', 1)[-1])} | {gain} | {noise} | {predicted} |")
         out.append("")
     return out
 

@@ -127,7 +127,8 @@ def parse_tune(raw: object) -> TuneState | None:
             _knobs(d.get("to"), "to"), _number(d.get("measured_gain"), "measured_gain", -1.0, 1e6),
             _number(d.get("noise"), "noise", 0.0, 1e6), _str(d.get("reason"), "reason", 500) or "",
             epoch=_int(d.get("epoch"), "epoch") or 0, batch=_int(d.get("batch"), "batch", high=int(LARGEST)) or 0,
-            at=_number(d.get("at"), "at") or 0.0))
+            at=_number(d.get("at"), "at") or 0.0,
+            predicted=_number(d.get("predicted_gain"), "predicted_gain", -1.0, 1e6)))
     return TuneState(state=_choice(raw.get("state"), "tune.state", TUNE_PHASES),
                      setting=_knobs(raw.get("setting"), "tune.setting"),
                      started_with=_knobs(raw.get("started_with"), "tune.started_with"),

@@ -183,7 +183,8 @@ def with_plan(f: Finding, plan: Plan) -> Finding:
     """The finding with its change and suggestion taken from `plan` (the trainer's latest). A
     finding about the loader that proposes nothing says what the settled tuner measured."""
     if not f.parts:
-        measured = plan.tune_text() if plan.tune_measured is not None and f.id in LOADER_FINDINGS else ""
+        tuned = plan.tune_measured is not None or (plan.measured is not None and plan.measured.kept)
+        measured = plan.tune_text() if tuned and f.id in LOADER_FINDINGS else ""
         return replace(f, suggestion=f"{f.suggestion}; {measured}") if measured and measured not in f.suggestion \
             else f
     change = plan.change(*f.parts)

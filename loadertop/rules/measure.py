@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from statistics import fmean, median, stdev
 
 from ..fields import context_switches
-from ..model import WAITING_FOR_INDICES, BusyProcess, LoaderConfig, ProcessSample, Snapshot, TrainerSnapshot
+from ..model import WAITING_FOR_INDICES, BusyProcess, Decision, LoaderConfig, ProcessSample, Snapshot, TrainerSnapshot
 from ..numbers import mean_of
 from ..vocabulary import CpuLimitKind
 from . import thresholds as T
@@ -48,11 +48,41 @@ class LoaderWindow:
     tune: str | None = None  # its in-place tuner's state (watch(..., tune=True)), None: not tuned
     # Worker counts its tuner measured no faster than the one it kept (its reverted trials).
     tune_measured_slower: frozenset[int] = frozenset()
+    # Its tuner's judged trials of a worker count, oldest first: what the model predicted
+    # beside what was measured on this job.
+    tune_judged: tuple[Judged, ...] = ()
 
     @property
     def demand(self) -> float:
         """CPUs one worker would use if nothing made it wait for a CPU."""
         return (self.cpu or 0.0) + (self.runqueue or 0.0)
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A trial of another worker count that the loader's tuner judged in place."""
+
+    old: int  # the worker count kept then
+    new: int  # the one tried
+    predicted: float | None  # the model's gain for it, where the tuner had one
+    measured: float  # its measured gain over the kept one (steps/s)
+    kept: bool
+
+    def text(self) -> str:
+        said = f"tune=True measured num_workers {self.old} -> {self.new} at {self.measured:+.0%} steps/s"
+        return said + (f" (the model predicted {self.predicted:+.0%})" if self.predicted is not None else "")
+
+
+def judged_trials(decisions: Iterable[Decision]) -> tuple[Judged, ...]:
+    """The keep and revert decisions of worker counts (a revert names the trial first)."""
+    out = []
+    for d in decisions:
+        if d.gain is None or d.old is None or d.new is None or d.action not in ("keep", "revert"):
+            continue
+        old, new = (d.old, d.new) if d.action == "keep" else (d.new, d.old)
+        if old.num_workers != new.num_workers:
+            out.append(Judged(old.num_workers, new.num_workers, d.predicted, d.gain, d.action == "keep"))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -199,6 +229,7 @@ def _loader_window(config: LoaderConfig | None, members: tuple[ProcessSample, ..
         tune=config.tune.state if config and config.tune else None,
         tune_measured_slower=frozenset(d.old.num_workers for d in (config.tune.decisions if config and config.tune
                                                                     else ()) if d.action == "revert" and d.old),
+        tune_judged=judged_trials(config.tune.decisions) if config and config.tune else (),
     )
 
 

@@ -18,7 +18,7 @@ from ..vocabulary import Cause, Change, PlanPart, SettingValue
 from . import evidence as E
 from . import thresholds as T
 from .loops import loader_call, loader_change
-from .measure import Measured
+from .measure import Judged, LoaderWindow, Measured
 from .share import Trade, one_more_worker
 from .throughput import Prediction, Setting, Terms, predict, terms
 
@@ -74,6 +74,9 @@ class Plan:
     # The worker count the model chose that the settled tuner measured no faster in place:
     # its measurement of this job wins over the model's prediction.
     tune_measured: int | None = None
+    # The tuner's trial of this plan's worker change (or, where the plan changes no count, the
+    # trial it kept): what it measured on this job, shown beside the model's prediction.
+    measured: Judged | None = None
     # On a busy host: what one more worker takes, and from whom (rules/share.py), said as is.
     trade: str = ""
     worker_flag: str | None = None  # the command-line flag that set the worker count: the change in its words
@@ -134,6 +137,8 @@ class Plan:
             text += f" (with {' and '.join(others)})"
         if self.gain is not None:
             text += f": {self.effect()}"
+        if self.measured is not None and self.measures_this_change:
+            text += f"; {self.measured.text()}"
         cap = self.cap_text()
         return text + (f"; {cap}" if cap else "")
 
@@ -154,9 +159,17 @@ class Plan:
             out.append(f"--shm-size={self.shm_size}")
         return out
 
+    @property
+    def measures_this_change(self) -> bool:
+        """The tuner's measurement is of the very worker change this plan proposes."""
+        m = self.measured
+        return m is not None and (m.old, m.new) == (self.now.num_workers, self.chosen.num_workers)
+
     def tune_text(self) -> str:
         """What the in-place tuner does with this plan's worker change: it measures it where
         the loader runs one, and would apply it without a restart where it could."""
+        if self.measured is not None and self.measured.kept and not self.changes_workers:
+            return f"{self.measured.text()}, and keeps it"
         if self.tune_measured is not None:
             return (f"tune=True measured num_workers={self.tune_measured} no faster in place and keeps "
                     f"num_workers={self.now.num_workers}")
@@ -199,7 +212,27 @@ class Plan:
             "evidence": self.evidence,
             # The command-line flag that set the worker count: the change is said in its words.
             "worker_flag": self.worker_flag,
+            # What the loader's tuner measured of a worker change on this job, beside the model.
+            "measured": None if self.measured is None else {
+                "from_workers": self.measured.old, "to_workers": self.measured.new,
+                "predicted_gain": None if self.measured.predicted is None else round(self.measured.predicted, 4),
+                "measured_gain": round(self.measured.measured, 4), "kept": self.measured.kept,
+                "of_this_change": self.measures_this_change},
         }
+
+
+def _judged(lw: LoaderWindow | None, now: Setting, chosen: Setting) -> Judged | None:
+    """The tuner's latest judged trial of the change from now to chosen; where the plan keeps
+    the count, its latest kept trial that led here."""
+    if lw is None or not lw.tune_judged:
+        return None
+    same = [j for j in lw.tune_judged if (j.old, j.new) == (now.num_workers, chosen.num_workers)]
+    if same:
+        return same[-1]
+    if chosen.num_workers == now.num_workers:
+        kept = [j for j in lw.tune_judged if j.kept and j.new == now.num_workers]
+        return kept[-1] if kept else None
+    return None
 
 
 def describe_threads(change: Change) -> str:
@@ -511,6 +544,7 @@ def make_plan(m: Measured, hung: bool = False) -> Plan:
         # The settled tuner tried that count on this job and measured it no faster.
         tune_measured, chosen = chosen.setting.num_workers, current
     base["tune_measured"] = tune_measured
+    base["measured"] = _judged(lw, now, chosen.setting)
     if cause == THREADS and chosen.setting.threads_per_worker != 1:
         chosen = predict(t, Setting(chosen.setting.num_workers, 1, chosen.setting.prefetch_factor))
     if chosen.setting.main_threads:
