@@ -11,6 +11,7 @@ import pytest
 
 from loadertop.autotune import policy as P
 from loadertop.autotune import tuner as TU
+from loadertop.autotune.coordination import Alone
 from loadertop.autotune.policy import Explorer, Proposal, Stretch, chunk_rates, neighbours
 from loadertop.model import Decision, Knobs
 
@@ -625,7 +626,7 @@ def test_ranks_that_cannot_coordinate_tune_alone_after_one_warning(tmp_path, qui
         drive(t, loader, 12, lambda n: 0.08 / min(n, 4), wait_share=0.75)
     told = [str(w.message) for w in caught if "loadertop tune" in str(w.message)]
     assert len(told) == 1 and "cannot coordinate" in told[0] and "each rank tunes alone" in told[0]
-    assert t.peers is None and loader.num_workers >= 4 and t.state != "off"
+    assert isinstance(t.coordination, Alone) and loader.num_workers >= 4 and t.state != "off"
 
 
 def test_a_rank_role_from_its_peers_entries():

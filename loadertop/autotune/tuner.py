@@ -32,16 +32,16 @@ from ..model import Decision, Knobs
 from ..probes import procfs
 from ..probes.discovery import WORKER_COMM
 from ..rules import thresholds as T
-from ..rules.ranks import waits_for
 from ..rules.thresholds import RANK_GAP
 from ..vocabulary import TunePhase
 from ..wrapped import innermost
 from . import loader as L
 from . import readings as M
+from .coordination import Alone, Coordination, Ranks, coordinate
 from .policy import MIN_MEASURED_GAIN, Explorer, Stretch, chunk_rates, compare
 from .propose import propose
-from .rank_roles import RankRole, Roles
-from .ranks_board import Bounds, Entry, Peers, board_for
+from .rank_roles import RankRole
+from .ranks_board import board_for
 
 log = logging.getLogger("loadertop.tune")
 
@@ -111,11 +111,11 @@ class Tuner:
         self.pending: Knobs | None = None  # the setting to go back to at the next boundary (off)
         self.last_rate: float | None = None
         self.clock = time.perf_counter_ns  # the hook's clock: batch times come from it too
-        # The other ranks of the job (autotune/rank_roles.py, ranks_board.py): None alone, or once coordination failed.
-        self.peers: Peers | None = None
+        # Who tunes and when among the ranks of the job (autotune/coordination.py): alone until
+        # a board is found at the first boundary, and again once coordination fails.
+        self.coordination: Coordination = Alone()
         self.coordinated = False  # the board was looked for (at the first boundary)
         self.role = RankRole("alone")
-        self.roles = Roles()
         self.plan: tuple[int, Knobs] | None = None  # a leader's change: from this epoch, every rank
         self.stretch_epoch = 0  # the epoch the stretch began in (a leader reads its peers' waits over it)
         self.last_wait: float | None = None
@@ -172,7 +172,8 @@ class Tuner:
             else:
                 if not self.idle and self._stretch_done(MIN_STRETCH_S):
                     self._decide()
-                self.mid_epoch = not framework and inner is loader and self._mid_epoch(inner) and self.peers is None
+                self.mid_epoch = (not framework and inner is loader and self._mid_epoch(inner)
+                                  and self.coordination.mid_epoch)
                 with self._applying():
                     self._apply(inner)
             self._tell(inner)
@@ -443,12 +444,8 @@ class Tuner:
         knobs = explorer.current
         seconds = sum(self.durations)
         config = self.config()
-        if self.peers is not None and self.stretch_epoch < 2 and seconds < MAX_STRETCH_S:
-            # Ranks start apart: over a short first epoch one rank waits in the sync for
-            # another's start, not for data (a leader read 0.20 there and 0.67 over the next
-            # epoch, its peer 0.71 and 0.69). Measured from the second epoch on; a long one
-            # dilutes the start and is measured (an epoch of an hour is not waited out).
-            self._start_stretch()
+        if self.coordination.starts_apart(self.stretch_epoch, seconds >= MAX_STRETCH_S):
+            self._start_stretch()  # the ranks' first epoch: they wait for each other's start
             return
         own_wait = min(1.0, self.wait_ns / 1e9 / seconds)
         job_wait = self._job_wait(own_wait, seconds)
@@ -530,27 +527,17 @@ class Tuner:
         if not self.coordinated:
             self.coordinated = True
             try:
-                found = self.board_for(self.name)
-                if found is not None:  # a peer's entry is taken only within this rank's own bounds
-                    board, rank = found
-                    self.peers = Peers(board, rank, Bounds.here(board.world, self.started_with))
-                if self.peers is not None:
-                    atexit.register(self.peers.close)  # a later job of the same name starts afresh
+                self.coordination = coordinate(self.board_for, self.name, self.started_with)
+                atexit.register(self.coordination.close)  # a later job of the same name starts afresh
             except Exception as e:
                 self._alone(e)
-        if self.peers is None:
-            return RankRole("alone")
-        if self.epoch <= 2 and self.last_epoch_s < MAX_STRETCH_S:
-            self.last_wait = None  # a short first epoch's: the ranks started apart (_decide)
-        own = self.roles.own
+        self.last_wait = self.coordination.epoch_wait(self.last_wait,
+                                                      self.epoch <= 2 and self.last_epoch_s < MAX_STRETCH_S)
         try:
-            role = self.roles.next(self.peers.rank, self.last_wait, self.epoch, self.peers.others(epoch=self.epoch))
+            role = self.coordination.role(self.name, self.last_wait, self.epoch)
         except Exception as e:
             self._alone(e)
             return RankRole("alone")
-        if self.roles.own and not own:
-            log.info("loadertop tune %s: epoch %d: rank %d is the job's straggler: its loader is not like its "
-                     "peers', it tunes on its own from now on", self.name, self.epoch, self.peers.rank)
         if role.role not in ("waiting", "follower") and self.role.role in ("waiting", "follower"):
             self.reason = ""
             if self.explorer is not None and self.ran is not None and self.ran != self.explorer.current:
@@ -560,27 +547,14 @@ class Tuner:
         return role
 
     def _job_wait(self, own: float, seconds: float) -> float | None:
-        """The data wait a leader plans with: the longest of its balanced ranks' over its
-        stretch. In lockstep the rank whose loader is a little behind shows the job's wait for
-        data, and the others show part of it as waiting for that rank in the gradient sync:
-        one rank's own reading moved 0.54-0.70 run to run of one job, and its plan 2-4 workers
-        (BENCHMARKS §10). Balanced peers: as the roles count them. None until every peer's wait
-        over the stretch is on the board (a peer in lockstep writes it at the boundary beside
-        this one), for MAX_STRETCH_S at most."""
-        if self.role.role != "leader" or self.peers is None:
-            return own
+        """The data wait this rank plans with (a leader: its balanced ranks' longest,
+        coordination.Ranks.job_wait); None until its peers' are on the board."""
         try:
-            peers = self.peers.others(epoch=self.epoch)
+            return self.coordination.job_wait(self.role, own, self.epoch, self.stretch_epoch,
+                                              seconds >= MAX_STRETCH_S)
         except Exception as e:
             self._alone(e)
             return own
-        # An entry's wait is the epoch before the one it was written at.
-        waits = [p.wait for p in peers if p.wait is not None and p.epoch - 1 >= self.stretch_epoch]
-        if len(waits) < len(peers) and seconds < MAX_STRETCH_S:
-            return None
-        # Balanced peers only: not one this rank waits for by the roles' rule (its role is held
-        # back a boundary by their hysteresis), whose loader is not this one's.
-        return max([own, *(w for w in waits if not waits_for(own, w))])
 
     def _epoch_wait(self) -> float | None:
         """The last epoch's data wait, then a new epoch's count begins."""
@@ -599,7 +573,7 @@ class Tuner:
         if self.state == "settled":
             self.state = "measuring"  # its data wait is read every epoch: its role may change
         if role.role == "follower" and role.follow is not None and role.follow != self.ran:
-            if self.peers is not None and not self.peers.bounds.allows(role.follow):
+            if not self.coordination.allows(role.follow):
                 # A leader's setting this rank's own plan could not give (its CPUs, the tuner's
                 # bounds): a peer on a bigger node, or an entry someone else wrote.
                 self.reason = f"follows rank {role.peer} except {role.follow.label()}: past this rank's own bounds"
@@ -623,17 +597,14 @@ class Tuner:
         self._publish()
 
     def _tell(self, inner) -> None:
-        if self.peers is None:
-            return
         plan_from, plan = self.plan if self.plan is not None else (None, None)
         try:
-            self.peers.tell(Entry(self.peers.rank, self.epoch, self.last_wait, self._knobs(inner), plan_from, plan,
-                                    time.time(), own=self.roles.own))
+            self.coordination.tell(self.epoch, self.last_wait, self._knobs(inner), plan_from, plan)
         except Exception as e:
             self._alone(e)
 
     def _alone(self, error: Exception) -> None:
-        self.peers = None
+        self.coordination = Alone()
         self.role = RankRole("alone")
         self.plan = None
         _warn_once(f"loadertop tune {self.name}: the ranks of this job cannot coordinate "
@@ -663,7 +634,7 @@ class Tuner:
     def as_dict(self) -> dict:
         explorer = self.explorer
         # What the loader runs (a follower runs its leader's setting, not its own explorer's).
-        current = self._running() if self.peers is not None else None
+        current = self._running() if isinstance(self.coordination, Ranks) else None
         current = current or (explorer.current if explorer else None)
         return {
             "state": self.state, "reason": self.reason, "epoch": self.epoch,
