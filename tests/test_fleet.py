@@ -315,7 +315,7 @@ async def test_the_fleet_view_lists_the_jobs_and_the_selected_jobs_ranks_and_kee
 def test_the_fleet_weighs_a_ranks_gap_against_the_noise_its_agent_exported():
     # Two balanced ranks whose blocked shares differ by 18 points, each within an exported
     # standard error of 7: no straggler. The same gap read exactly names rank 1's step.
-    from loadertop.outputs.fleet import _job
+    from loadertop.rules.across_nodes import judge_job as _job
 
     def rows(stderr: float | None) -> list[dict]:
         return [{"rank": r, "node": f"node-{r}", "stale": False, "data_wait_fraction": 0.05,
