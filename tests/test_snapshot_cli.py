@@ -119,7 +119,7 @@ def two_ranks(launcher: int, workers: int) -> dict[int, set[int]]:
     return wait_for(read, 30, what="two ranks with their workers")
 
 
-def test_torchrun_ranks_are_two_trainers(job):
+def test_torchrun_ranks_are_two_trainers_and_a_rank_pid_is_taken_directly(job):
     torchrun = shutil.which("torchrun") or str(Path(PYTHON).parent / "torchrun")
     j = job("--workers", "2", "--dist", "--persistent", "--duration", "600",
             cmd=[torchrun, "--standalone", "--nproc_per_node=2"], env={"OMP_NUM_THREADS": "1"})
@@ -135,18 +135,11 @@ def test_torchrun_ranks_are_two_trainers(job):
         assert t["env"]["WORLD_SIZE"] == "2"
         assert {w["pid"] for w in t["workers"]} == truth[t["pid"]]
         assert len(t["workers"]) == 2
-
-
-def test_rank_pid_given_directly(job):
-    torchrun = shutil.which("torchrun") or str(Path(PYTHON).parent / "torchrun")
-    j = job("--workers", "1", "--dist", "--persistent", "--duration", "600",
-            cmd=[torchrun, "--standalone", "--nproc_per_node=2"])
-    j.wait_ready(suffix=".0", timeout=90)
-    j.wait_ready(suffix=".1", timeout=90)
-    ranks = sorted(two_ranks(j.pid, workers=1))
-    trainer = only_trainer(snapshot(ranks[1]))
-    assert trainer["pid"] == ranks[1]
-    assert trainer["rank"] in (0, 1)
+    # A rank's own pid, given in place of the launcher's: that rank alone.
+    rank = sorted(truth)[1]
+    trainer = only_trainer(snapshot(rank))
+    assert trainer["pid"] == rank and trainer["rank"] in (0, 1)
+    assert {w["pid"] for w in trainer["workers"]} == truth[rank]
 
 
 def test_secrets_in_argv_and_environment_never_reach_the_report(job):
