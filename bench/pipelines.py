@@ -4,10 +4,11 @@ each on data it makes itself, watched and tuned as their users would.
 
 Per pipeline, from the setting its users start with (timm's `--workers 4`, the Trainer's
 `dataloader_num_workers=2`, a WebLoader of 4 workers; torch's own thread counts):
-1. advice: `loadertop snapshot PID --json` after --warmup: the verdict, the change in the
+1. advice: `loadertop snapshot PID --json` from the job's second epoch: the verdict, the change in the
    pipeline's own words, the predicted gain;
 2. the change applied, interleaved: the start (A) and the start with the change (B) run
-   A, B, B, A, A, B, ... for --rounds rounds of --seconds each after --warmup, one job at a time:
+   A, B, B, A, A, B, ... for --rounds rounds of --seconds each from the start of the job's
+   second epoch (its first is start-up), one job at a time:
    B's steps/s over A's in each round, their mean and 2 standard errors (the noise);
 3. best fixed: a grid of worker counts {1, 2, 4} x {torch's threads, OMP_NUM_THREADS=1}, each
    run once like the above (A's and B's means count among them);
@@ -86,8 +87,9 @@ class Run:
         env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
         if s.threads:
             env.update(OMP_NUM_THREADS=str(s.threads), MKL_NUM_THREADS=str(s.threads))
-        env.update(PYTHONPATH=str(REPO), TOKENIZERS_PARALLELISM="false" if s.threads == 1 else "true",
-                   HF_HUB_OFFLINE="1", TRANSFORMERS_NO_ADVISORY_WARNINGS="1")
+        # TOKENIZERS_PARALLELISM is left to the tokenizers library (it turns its threads off in
+        # forked workers itself; forced on, the workers deadlock after the fork).
+        env.update(PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TRANSFORMERS_NO_ADVISORY_WARNINGS="1")
         self.output = open(self.dir / "job.log", "w")  # noqa: SIM115 (closed in close)
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.output, stderr=subprocess.STDOUT,
                                      start_new_session=True, cwd=REPO)
@@ -128,19 +130,34 @@ class Run:
         except OSError:
             return []
 
+    def second_epoch(self, timeout: float = 300.0) -> float:
+        """When the job's second epoch began: its first epoch (workers starting, caches
+        filling, the allocator growing) is not its steady state."""
+        deadline = time.monotonic() + timeout
+        while True:
+            later = [t for t, e in self.step_times() if e >= 1]
+            if later:
+                return later[0]
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"job did not reach its second epoch: {self.log()[-1500:]}")
+            time.sleep(0.3)
+
 
 def measure(p: Pipeline, s: Setting, args) -> float:
-    with Run(p, s, args, duration=args.warmup + args.seconds + 60) as run:
+    """Steps/s over --seconds from the start of the job's second epoch (epoch boundaries
+    included, as a training run pays them)."""
+    with Run(p, s, args, duration=600) as run:
         run.wait_ready()
-        start = time.time() + args.warmup
-        time.sleep(args.warmup + args.seconds + 0.5)
+        start = run.second_epoch()
+        while time.time() < start + args.seconds + 0.5 and run.proc.poll() is None:
+            time.sleep(0.3)
         return run.steps_per_s(start, start + args.seconds)
 
 
 def advise(p: Pipeline, args) -> dict:
-    with Run(p, p.start, args, duration=args.warmup + args.snapshot + 120) as run:
+    with Run(p, p.start, args, duration=600) as run:
         run.wait_ready()
-        time.sleep(args.warmup)
+        run.second_epoch()  # watched as a user attaches to a job that runs, not one that starts
         r = subprocess.run([sys.executable, "-m", "loadertop", "snapshot", str(run.proc.pid), "--duration",
                             str(args.snapshot), "--json"], capture_output=True, text=True,
                            timeout=args.snapshot + 120, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -245,7 +262,6 @@ def main() -> int:
     ap.add_argument("--pipelines", default="timm,hf,wds")
     ap.add_argument("--timm-python", default=sys.executable)
     ap.add_argument("--data", default=str(Path(tempfile.gettempdir()) / "loadertop-pipelines-data"))
-    ap.add_argument("--warmup", type=float, default=6.0)
     ap.add_argument("--seconds", type=float, default=12.0)
     ap.add_argument("--snapshot", type=float, default=10.0)
     ap.add_argument("--rounds", type=int, default=3)
