@@ -7,13 +7,13 @@ Per pipeline, from the setting its users start with (timm's `--workers 4`, the T
 1. advice: `loadertop snapshot PID --json` from the job's second epoch: the verdict, the change in the
    pipeline's own words, the predicted gain;
 2. the change applied, interleaved: the start (A) and the start with the change (B) run
-   A, B, B, A, A, B, ... for --rounds rounds of --seconds each from the start of the job's
+   A, B, B, A, A, B, ... for --rounds rounds of --epochs whole epochs each from the job's
    second epoch (its first is start-up), one job at a time:
    B's steps/s over A's in each round, their mean and 2 standard errors (the noise);
-3. best fixed: a grid of worker counts {1, 2, 4} x {torch's threads, OMP_NUM_THREADS=1}, each
-   run once like the above (A's and B's means count among them);
-4. tuned: the start with tune=True for --tune-seconds; its steps/s over the epochs of its last
-   third, against the best fixed; every epoch's items counted (repeated, lost), and the tuner's
+3. best fixed: worker counts {1, 2, 4} at torch's own threads, each run once like the above
+   (A's and B's means count among them);
+4. tuned: the start with tune=True for --tune-seconds; its steps/s over the whole epochs of its
+   last third, against the best fixed; every epoch's items counted (repeated, lost), and the tuner's
    decisions as it logged them.
 
 timm needs torchvision, whose PyPI build does not import beside the CPU torch of this machine
@@ -144,14 +144,27 @@ class Run:
 
 
 def measure(p: Pipeline, s: Setting, args) -> float:
-    """Steps/s over --seconds from the start of the job's second epoch (epoch boundaries
-    included, as a training run pays them)."""
+    """Steps/s over --epochs whole epochs from the job's second (its first is start-up; whole
+    epochs, as a window within one reads the burst of batches its workers fetched ahead)."""
     with Run(p, s, args, duration=600) as run:
         run.wait_ready()
-        start = run.second_epoch()
-        while time.time() < start + args.seconds + 0.5 and run.proc.poll() is None:
+        run.second_epoch()
+        last = 1 + args.epochs
+        deadline = time.monotonic() + 600
+        while not any(e >= last for _, e in run.step_times()):
+            if run.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"job did not reach epoch {last}: {run.log()[-1500:]}")
             time.sleep(0.3)
-        return run.steps_per_s(start, start + args.seconds)
+        return epochs_rate(run.step_times(), 1, last)
+
+
+def epochs_rate(times: list[tuple[float, int]], first: int, last: int) -> float:
+    """Steps/s over epochs first..last-1: their steps over the time from epoch first's first
+    step to epoch last's first step."""
+    steps = sum(1 for _, e in times if first <= e < last)
+    begin = min(t for t, e in times if e == first)
+    end = min(t for t, e in times if e == last)
+    return steps / (end - begin) if end > begin else 0.0
 
 
 def advise(p: Pipeline, args) -> dict:
@@ -212,9 +225,10 @@ def tuned(p: Pipeline, args) -> dict:
         times = run.step_times()
         epochs = run.epoch_rows()
         said = [line for line in run.log().splitlines() if "loadertop" in line.lower()]
-    last = [e["epoch"] for e in epochs][-max(2, len(epochs) // 3):]
-    in_last = [t for t, e in times if e in last]
-    rate = (len(in_last) - 1) / (in_last[-1] - in_last[0]) if len(in_last) > 1 else 0.0
+    seen = sorted({e for _, e in times})
+    # Its last third of whole epochs (each from its first step to the next epoch's first).
+    last = seen[-1 - max(2, len(seen) // 3):-1]
+    rate = epochs_rate(times, last[0], seen[-1]) if len(last) >= 2 else 0.0
     return {"rate": rate, "last_epochs": last, "epochs": len(epochs),
             "repeated": sum(e["items"] - e["unique"] for e in epochs),
             "lost": sum(e["expected"] - e["unique"] for e in epochs),
@@ -230,7 +244,7 @@ def run_pipeline(p: Pipeline, args) -> dict:
     if b != p.start:
         out["ab"] = ab = interleaved(p, p.start, b, args)
         rates.update({k: statistics.mean(v) for k, v in ab["rates"].items()})
-    grid = [Setting(w, t) for w in (1, 2, 4) for t in (0, 1)]
+    grid = [Setting(w) for w in (1, 2, 4)]  # torch's own threads (OMP_NUM_THREADS=1 where B asks it)
     for s in grid:
         if s.label() not in rates:
             rates[s.label()] = measure(p, s, args)
@@ -262,7 +276,7 @@ def main() -> int:
     ap.add_argument("--pipelines", default="timm,hf,wds")
     ap.add_argument("--timm-python", default=sys.executable)
     ap.add_argument("--data", default=str(Path(tempfile.gettempdir()) / "loadertop-pipelines-data"))
-    ap.add_argument("--seconds", type=float, default=12.0)
+    ap.add_argument("--epochs", type=int, default=2, help="whole epochs measured a run, after the first")
     ap.add_argument("--snapshot", type=float, default=10.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tune-seconds", type=float, default=150.0)
