@@ -286,6 +286,11 @@ def main() -> None:
         elif args.pipeline == "wds":
             make_shards(Path(args.data) / "shards")
         return
+    if args.tune:  # the tuner's decisions in the job's log, as a user running it sees them
+        import logging
+
+        logging.basicConfig(format="%(message)s")
+        logging.getLogger("loadertop.tune").setLevel(logging.INFO)
     if args.main_threads:
         import torch
 
