@@ -177,3 +177,28 @@ async def test_the_live_view_says_what_the_tuner_does_in_place_of_the_change_to_
             await pilot.pause(0.05)
         header = str(app.query_one(HeaderPanel).render()).splitlines()
         assert header[2].startswith(" ⟳ tune: trying num_workers 2 -> 4 (epoch 3)"), header
+
+
+def test_a_prediction_is_said_beside_the_trial_the_model_missed_on_this_job():
+    # A trial of another count whose steps/s came out far from the prediction: the plan's
+    # prediction of its own change is said beside that miss; a trial near its prediction is not.
+    plain, _ = diagnose_with_plans(tuned(TRYING))
+    (proposed,) = [f for f in plain if f.id == "input_bound"]
+    n = proposed.change["DataLoader"]["num_workers"]
+    other = Knobs(n + 3, 2)
+
+    def judged(measured: float) -> TuneState:
+        return TuneState("trying", TWO, TWO, 6, 12.0, 0.01, "", (
+            Decision("revert", other, TWO, measured, 0.05, reason="slower", epoch=4, batch=120, at=1e9,
+                     predicted=0.60),))
+
+    findings, _ = diagnose_with_plans(tuned(judged(-0.05)))
+    (starved,) = [f for f in findings if f.id == "input_bound"]
+    assert starved.change["DataLoader"]["num_workers"] == n
+    assert (f"the model was off on this job: tune=True measured num_workers 2 -> {n + 3} at -5% steps/s "
+            "(the model predicted +60%)") in starved.suggestion, starved.suggestion
+    plan = build_report(tuned(judged(-0.05)))["trainers"][0]["plan"]
+    assert plan["missed"] == {"from_workers": 2, "to_workers": n + 3, "predicted_gain": 0.6, "measured_gain": -0.05}
+    findings, _ = diagnose_with_plans(tuned(judged(0.55)))  # within a factor 1.5 of its prediction
+    (starved,) = [f for f in findings if f.id == "input_bound"]
+    assert "the model was off" not in starved.suggestion

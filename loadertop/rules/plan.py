@@ -77,6 +77,9 @@ class Plan:
     # The tuner's trial of this plan's worker change (or, where the plan changes no count, the
     # trial it kept): what it measured on this job, shown beside the model's prediction.
     measured: Judged | None = None
+    # The tuner's latest trial on this job whose measured gain was far from the model's: the
+    # plan's prediction of another change is said beside it, as one this job has shown off.
+    missed: Judged | None = None
     # On a busy host: what one more worker takes, and from whom (rules/share.py), said as is.
     trade: str = ""
     worker_flag: str | None = None  # the command-line flag that set the worker count: the change in its words
@@ -139,6 +142,8 @@ class Plan:
             text += f": {self.effect()}"
         if self.measured is not None and self.measures_this_change:
             text += f"; {self.measured.text()}"
+        elif self.missed is not None and self.gain is not None:
+            text += f"; the model was off on this job: {self.missed.text()}"
         cap = self.cap_text()
         return text + (f"; {cap}" if cap else "")
 
@@ -218,6 +223,10 @@ class Plan:
                 "predicted_gain": None if self.measured.predicted is None else round(self.measured.predicted, 4),
                 "measured_gain": round(self.measured.measured, 4), "kept": self.measured.kept,
                 "of_this_change": self.measures_this_change},
+            "missed": None if self.missed is None else {
+                "from_workers": self.missed.old, "to_workers": self.missed.new,
+                "predicted_gain": round(self.missed.predicted or 0.0, 4),
+                "measured_gain": round(self.missed.measured, 4)},
         }
 
 
@@ -232,6 +241,18 @@ def _judged(lw: LoaderWindow | None, now: Setting, chosen: Setting) -> Judged | 
     if chosen.num_workers == now.num_workers:
         kept = [j for j in lw.tune_judged if j.kept and j.new == now.num_workers]
         return kept[-1] if kept else None
+    return None
+
+
+def _missed(lw: LoaderWindow | None) -> Judged | None:
+    """The latest judged trial whose steps/s came out a factor MISSED_BY or more from the model's
+    prediction (issue 45: +31 % predicted, 9.2x measured)."""
+    if lw is None:
+        return None
+    for j in reversed(lw.tune_judged):
+        if j.predicted is not None:
+            ratio = (1 + j.measured) / max(0.01, 1 + j.predicted)
+            return j if ratio >= T.MISSED_BY or ratio <= 1 / T.MISSED_BY else None
     return None
 
 
@@ -545,6 +566,7 @@ def make_plan(m: Measured, hung: bool = False) -> Plan:
         tune_measured, chosen = chosen.setting.num_workers, current
     base["tune_measured"] = tune_measured
     base["measured"] = _judged(lw, now, chosen.setting)
+    base["missed"] = _missed(lw)
     if cause == THREADS and chosen.setting.threads_per_worker != 1:
         chosen = predict(t, Setting(chosen.setting.num_workers, 1, chosen.setting.prefetch_factor))
     if chosen.setting.main_threads:

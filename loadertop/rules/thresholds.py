@@ -176,3 +176,7 @@ STARVED_RUNQUEUE_SHARE = 0.20
 LOADER_START_SPREAD_S = 2.0
 # Stack dumps older than this say nothing about what a worker does now.
 STACK_MAX_AGE_S = 60.0
+
+# A trial's measured steps/s this factor or more from the model's prediction (either way): the
+# model is off on that job, and its other predictions are said beside that trial.
+MISSED_BY = 1.5
