@@ -215,6 +215,25 @@ def test_a_small_dev_shm_caps_more_workers_and_prefetch():
     assert "--shm-size=" in " ".join(f.suggestion for f in findings)
 
 
+def test_the_plan_ranks_what_it_weighed_its_choice_first_each_with_why():
+    # Issue 44: the plan ranks; "why not 8 workers?" is answered from the plan itself.
+    def make(t):
+        return snapshot(t, [trainer(workers=4, worker_cpu=97.0, wait=0.5, usable=16, cpu_set=tuple(range(16)),
+                                    cpus_busy=4.5, shm=ShmSnapshot("/dev/shm", 64 << 20, 48 << 20, 46 << 20),
+                                    main=process(TRAINER, 20.0))], host(16, cpu=30.0))
+
+    _, plan = plan_of(story(30, make))
+    first, *rest = plan.candidates
+    assert first.setting == plan.chosen and first.why.startswith("the choice")
+    assert 1 < len(plan.candidates) <= T.MAX_CANDIDATES and all(c.why for c in plan.candidates)
+    assert [c.gain for c in rest] == sorted((c.gain for c in rest), reverse=True)
+    # Faster settings that /dev/shm cannot hold are listed among them, and say so.
+    left = [c for c in rest if c.why.startswith("left out")]
+    assert left and all("/dev/shm" in c.why for c in left) and max(c.gain for c in left) > first.gain
+    listed = plan.as_dict()["candidates"]
+    assert listed[0]["num_workers"] == plan.chosen.num_workers and listed[0]["why"] == first.why
+
+
 def test_a_starved_loop_holds_few_batches_yet_its_batch_size_is_not_underestimated():
     # CI caught it: 1 worker of 6 MiB batches starves the loop, so its queue is nearly empty:
     # one batch mapped, one in transit (an fd in the queue's socket, mapped by none). Read as

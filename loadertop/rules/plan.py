@@ -53,6 +53,16 @@ CPU_LIMITS = {
 
 
 @dataclass(frozen=True)
+class Candidate:
+    """A setting the plan weighed: its predicted steps/s over now's, and why it is where it is
+    in the ranking (the first is the plan's choice)."""
+
+    setting: Setting
+    gain: float
+    why: str
+
+
+@dataclass(frozen=True)
 class Plan:
     cause: Cause
     loader: str | None  # the dataset class of the loader the change is for
@@ -80,6 +90,9 @@ class Plan:
     # The tuner's latest trial on this job whose measured gain was far from the model's: the
     # plan's prediction of another change is said beside it, as one this job has shown off.
     missed: Judged | None = None
+    # The settings the model weighed, ranked: the choice first, then the others by predicted
+    # steps/s, each with why it was not chosen ("why not 8 workers?" answered from the plan).
+    candidates: tuple[Candidate, ...] = ()
     # On a busy host: what one more worker takes, and from whom (rules/share.py), said as is.
     trade: str = ""
     worker_flag: str | None = None  # the command-line flag that set the worker count: the change in its words
@@ -223,6 +236,8 @@ class Plan:
                 "predicted_gain": None if self.measured.predicted is None else round(self.measured.predicted, 4),
                 "measured_gain": round(self.measured.measured, 4), "kept": self.measured.kept,
                 "of_this_change": self.measures_this_change},
+            "candidates": [{**_setting_dict(c.setting), "predicted_gain": round(c.gain, 4), "why": c.why}
+                           for c in self.candidates],
             "missed": None if self.missed is None else {
                 "from_workers": self.missed.old, "to_workers": self.missed.new,
                 "predicted_gain": round(self.missed.predicted or 0.0, 4),
@@ -242,6 +257,35 @@ def _judged(lw: LoaderWindow | None, now: Setting, chosen: Setting) -> Judged | 
         kept = [j for j in lw.tune_judged if j.kept and j.new == now.num_workers]
         return kept[-1] if kept else None
     return None
+
+
+REFUSED = {"shm": "left out: its batches in flight would not fit /dev/shm",
+           "memory": "left out: its workers' private memory would not fit"}
+
+
+def _ranked(first: Candidate, current: Prediction, best: Prediction, options: list[Prediction],
+            refused: dict[str, list[Prediction]]) -> tuple[Candidate, ...]:
+    """The plan's choice first, then every setting it weighed, those left out too, by predicted
+    steps/s: at most MAX_CANDIDATES."""
+    top = best.relative(current)
+    weighed = [(p, None) for p in options] + [(p, why) for why, left in refused.items() for p in left]
+    out = [first]
+    for p, left_out in sorted(weighed, key=lambda pw: pw[0].relative(current), reverse=True):
+        if p.setting == first.setting:
+            continue
+        if left_out is not None:
+            why = REFUSED.get(left_out, f"left out: {left_out}")
+        elif p.relative(current) >= (1 - T.TOLERANCE) * top:
+            why = "within 5% of the best predicted, at a higher cost (workers, threads, prefetch)"
+        else:
+            why = f"predicted {1 - p.relative(current) / top:.0%} below the best"
+        out.append(Candidate(p.setting, p.gain_over(current), why))
+    return tuple(out[: T.MAX_CANDIDATES])
+
+
+def _setting_dict(s: Setting) -> dict:
+    return {"num_workers": s.num_workers, "prefetch_factor": s.prefetch_factor,
+            "threads_per_worker": s.threads_per_worker or None, "main_threads": s.main_threads or None}
 
 
 def _missed(lw: LoaderWindow | None) -> Judged | None:
@@ -610,6 +654,14 @@ def make_plan(m: Measured, hung: bool = False) -> Plan:
                 gain = min(share.gain, m.wait / (1.0 - m.wait))
                 wait_after = max(0.0, 1.0 - (1.0 - m.wait) * (1.0 + gain))
                 evidence["one_more_worker_cpus"] = round(share.gain, 3)
+    if setting == now:
+        why = (f"as it is: tune=True measured num_workers={tune_measured} no faster" if tune_measured is not None
+               else "as it is: no other setting is predicted enough faster")
+    elif setting != chosen.setting:
+        why = "the choice: one worker more, its CPU taken from the job's own processes"
+    else:
+        why = "the choice: the cheapest within 5% of the best predicted"
+    base["candidates"] = _ranked(Candidate(setting, gain or 0.0, why), current, best, options, refused)
     return Plan(chosen=setting, gain=gain, wait_after=wait_after, limit=limit,
                 shm_size=shm_size if pressure else None, shm_for_more=shm_size, bigger_budget=bigger, trade=trade,
                 **base)

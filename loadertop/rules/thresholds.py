@@ -180,3 +180,5 @@ STACK_MAX_AGE_S = 60.0
 # A trial's measured steps/s this factor or more from the model's prediction (either way): the
 # model is off on that job, and its other predictions are said beside that trial.
 MISSED_BY = 1.5
+# The settings a plan lists as weighed (report `plan.candidates`), its choice first.
+MAX_CANDIDATES = 8
