@@ -38,6 +38,10 @@ MAX_PID = 2**31 - 1  # a pid is a positive int32
 # Files read per trainer and tick: a loop has a few loaders; thousands planted under its
 # names must not make a tick expensive.
 MAX_HOOK_FILES = 32
+# Reads again of a file whose contents did not parse (a write in progress), a moment apart: at
+# most MAX_HOOK_FILES x 1.5 ms a tick where every file is damaged.
+TORN_READS = 2
+TORN_WAIT_S = 0.0005
 
 
 class HookError(ValueError):
@@ -177,18 +181,20 @@ def read_hook(path: str, owner: int | None = None) -> dict | None:
     when given).
 
     The trainer rewrites its file in place with plain writes, so a read can land in the middle
-    of one (half of an 8-byte time, half of the settings' JSON): contents that do not parse are
-    read once more before the file is called damaged. A file that is damaged stays damaged."""
-    raw = _read_bytes(path, owner)
-    if raw is None:
-        return None
-    try:
-        return _parsed(raw, path)
-    except HookError:
+    of one (half of an 8-byte time, new settings beside the old ones' length): contents that do
+    not parse are read again, a moment later, before the file is called damaged (a trainer
+    descheduled mid-write on a busy host tore two reads in a row). A damaged file stays so."""
+    for attempt in range(TORN_READS + 1):
         raw = _read_bytes(path, owner)
         if raw is None:
             return None
-        return _parsed(raw, path)
+        try:
+            return _parsed(raw, path)
+        except HookError:
+            if attempt == TORN_READS:
+                raise
+            time.sleep(TORN_WAIT_S * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def _read_bytes(path: str, owner: int | None) -> bytes | None:
