@@ -267,7 +267,7 @@ def _ranked(first: Candidate, current: Prediction, best: Prediction, options: li
             refused: dict[str, list[Prediction]]) -> tuple[Candidate, ...]:
     """The plan's choice first, then every setting it weighed, those left out too, by predicted
     steps/s: at most MAX_CANDIDATES."""
-    top = best.relative(current)
+    top = max(best.relative(current), 1e-9)
     weighed = [(p, None) for p in options] + [(p, why) for why, left in refused.items() for p in left]
     out = [first]
     for p, left_out in sorted(weighed, key=lambda pw: pw[0].relative(current), reverse=True):
