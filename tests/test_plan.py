@@ -200,14 +200,16 @@ def test_ranks_pinned_to_their_own_cpus_do_not_share_them():
     assert plan.chosen.num_workers >= 8  # not "10 -> 1"
 
 
+def _small_dev_shm(t):
+    """/dev/shm at 75% of Docker's 64 MB, 4 CPU-bound workers, CPUs free."""
+    return snapshot(t, [trainer(workers=4, worker_cpu=97.0, wait=0.5, usable=16, cpu_set=tuple(range(16)),
+                                cpus_busy=4.5, shm=ShmSnapshot("/dev/shm", 64 << 20, 48 << 20, 46 << 20),
+                                main=process(TRAINER, 20.0))], host(16, cpu=30.0))
+
+
 def test_a_small_dev_shm_caps_more_workers_and_prefetch():
     # Issue item 7: /dev/shm at 75% of Docker's 64 MB, 4 CPU-bound workers, CPUs free.
-    def make(t):
-        return snapshot(t, [trainer(workers=4, worker_cpu=97.0, wait=0.5, usable=16, cpu_set=tuple(range(16)),
-                                    cpus_busy=4.5, shm=ShmSnapshot("/dev/shm", 64 << 20, 48 << 20, 46 << 20),
-                                    main=process(TRAINER, 20.0))], host(16, cpu=30.0))
-
-    findings, plan = plan_of(story(30, make))
+    findings, plan = plan_of(story(30, _small_dev_shm))
     batch = (46 << 20) / 10  # 4 workers x 2 in flight, the one the loop trains on and the next
     s = plan.chosen
     assert batch * batches_held(s.num_workers, s.prefetch_factor) <= T.SHM_LIMIT * (64 << 20)
@@ -217,12 +219,7 @@ def test_a_small_dev_shm_caps_more_workers_and_prefetch():
 
 def test_the_plan_ranks_what_it_weighed_its_choice_first_each_with_why():
     # Issue 44: the plan ranks; "why not 8 workers?" is answered from the plan itself.
-    def make(t):
-        return snapshot(t, [trainer(workers=4, worker_cpu=97.0, wait=0.5, usable=16, cpu_set=tuple(range(16)),
-                                    cpus_busy=4.5, shm=ShmSnapshot("/dev/shm", 64 << 20, 48 << 20, 46 << 20),
-                                    main=process(TRAINER, 20.0))], host(16, cpu=30.0))
-
-    _, plan = plan_of(story(30, make))
+    _, plan = plan_of(story(30, _small_dev_shm))
     first, *rest = plan.candidates
     assert first.setting == plan.chosen and first.why.startswith("the choice")
     assert 1 < len(plan.candidates) <= T.MAX_CANDIDATES and all(c.why for c in plan.candidates)
