@@ -61,8 +61,8 @@ def the_one_loader_inside(wrapper):
                 seen.add(id(child))
                 visited += 1
                 if visited > _WALK_OBJECTS:
-                    return found[0] if len(found) == 1 else None
-                if looks_like_a_loader(child):
+                    return None  # a second loader may lie past the cap: not one to take
+                if _is_a_loader(child):
                     found.append(child)  # not walked into: what it holds is its own
                     if len(found) > 1:
                         return None
@@ -70,6 +70,15 @@ def the_one_loader_inside(wrapper):
                     below.append(child)
         level = below
     return found[0] if len(found) == 1 else None
+
+
+def _is_a_loader(x) -> bool:
+    """looks_like_a_loader, for any object a wrapper holds: an attribute lookup that raises
+    (a proxy, a lazy handle) makes it not a loader, never an error in the user's loop."""
+    try:
+        return looks_like_a_loader(x)
+    except Exception:
+        return False
 
 
 def _held(obj) -> list:

@@ -113,6 +113,12 @@ def test_the_generic_walk_is_bounded_and_finds_one_loader_or_none():
     assert the_one_loader_inside(deep) is None
     crowded = Holder(*[object() for _ in range(500)], loader)
     assert the_one_loader_inside(crowded) is None
+    # An object whose attribute lookup raises is not a loader, and not an error.
+    class Proxy:
+        def __getattr__(self, name):
+            raise RuntimeError("not connected")
+
+    assert the_one_loader_inside(Holder(Proxy(), loader)) is loader
     # A wrapper that holds itself is walked once.
     cyclic = Holder(loader)
     cyclic.me = cyclic
