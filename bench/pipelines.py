@@ -120,10 +120,6 @@ class Run:
             rows.append((float(t), int(e)))
         return rows
 
-    def steps_per_s(self, since: float, until: float) -> float:
-        times = [t for t, _ in self.step_times() if since <= t <= until]
-        return (len(times) - 1) / (times[-1] - times[0]) if len(times) >= 2 else 0.0
-
     def epoch_rows(self) -> list[dict]:
         try:
             return [json.loads(line) for line in self.epochs.read_text().splitlines()]

@@ -29,8 +29,6 @@ log = logging.getLogger("loadertop.tune")
 class Alone:
     """A process that tunes by itself."""
 
-    rank: int | None = None
-    own = False  # no peers to tell its loader apart from
     mid_epoch = True  # no peer changes with it: its loader may change where it restores its place
 
     def epoch_wait(self, wait: float | None, first_epochs_short: bool) -> float | None:
@@ -63,15 +61,6 @@ class Ranks:
     def __init__(self, peers: Peers) -> None:
         self.peers = peers
         self.roles = Roles()
-
-    @property
-    def rank(self) -> int:
-        return self.peers.rank
-
-    @property
-    def own(self) -> bool:
-        """It is the job's straggler: its loader is not like its peers', it tunes on its own."""
-        return self.roles.own
 
     def epoch_wait(self, wait: float | None, first_epochs_short: bool) -> float | None:
         """The last epoch's data wait as the ranks compare it: none over short first epochs,

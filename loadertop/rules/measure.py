@@ -68,6 +68,11 @@ class Judged:
     measured: float  # its measured gain over the kept one (steps/s)
     kept: bool
 
+    def as_dict(self) -> dict:
+        return {"from_workers": self.old, "to_workers": self.new,
+                "predicted_gain": None if self.predicted is None else round(self.predicted, 4),
+                "measured_gain": round(self.measured, 4)}
+
     def text(self) -> str:
         said = f"tune=True measured num_workers {self.old} -> {self.new} at {self.measured:+.0%} steps/s"
         return said + (f" (the model predicted {self.predicted:+.0%})" if self.predicted is not None else "")

@@ -217,9 +217,7 @@ class Plan:
         return {
             "cause": self.cause,
             "loader": self.loader,
-            "setting": {"num_workers": self.chosen.num_workers, "prefetch_factor": self.chosen.prefetch_factor,
-                        "threads_per_worker": self.chosen.threads_per_worker or None,
-                        "main_threads": self.chosen.main_threads or None},
+            "setting": _setting_dict(self.chosen),
             "current": {"num_workers": self.now.num_workers, "prefetch_factor": self.now.prefetch_factor},
             "change": self.change("workers", "threads", "shm"),
             "predicted_gain": None if self.gain is None else round(self.gain, 4),
@@ -232,16 +230,10 @@ class Plan:
             "worker_flag": self.worker_flag,
             # What the loader's tuner measured of a worker change on this job, beside the model.
             "measured": None if self.measured is None else {
-                "from_workers": self.measured.old, "to_workers": self.measured.new,
-                "predicted_gain": None if self.measured.predicted is None else round(self.measured.predicted, 4),
-                "measured_gain": round(self.measured.measured, 4), "kept": self.measured.kept,
-                "of_this_change": self.measures_this_change},
+                **self.measured.as_dict(), "kept": self.measured.kept, "of_this_change": self.measures_this_change},
             "candidates": [{**_setting_dict(c.setting), "predicted_gain": round(c.gain, 4), "why": c.why}
                            for c in self.candidates],
-            "missed": None if self.missed is None else {
-                "from_workers": self.missed.old, "to_workers": self.missed.new,
-                "predicted_gain": round(self.missed.predicted or 0.0, 4),
-                "measured_gain": round(self.missed.measured, 4)},
+            "missed": None if self.missed is None else self.missed.as_dict(),
         }
 
 
